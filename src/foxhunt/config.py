@@ -1,0 +1,189 @@
+"""Structured config schemas (one dataclass per Hydra group) and the semantic checks run after
+composition, before any data is read."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from foxhunt.errors import ConfigError
+
+
+@dataclass
+class OhlcvConfig:
+    """Raw bar column names and the derived feature families (see `foxhunt.data.features`)."""
+
+    open: str = "open"
+    high: str = "high"
+    low: str = "low"
+    close: str = "close"
+    volume: str = "volume"
+    return_lags: list[int] = field(default_factory=lambda: [2, 4, 8, 16, 32, 64])
+    volatility_windows: list[int] = field(default_factory=lambda: [6, 12, 24, 48, 96])
+    volume_windows: list[int] = field(default_factory=lambda: [12, 48, 96])
+    range_windows: list[int] = field(default_factory=lambda: [1, 12])
+    location_windows: list[int] = field(default_factory=lambda: [1, 12])
+    calendar: bool = True
+    # Total number of derived features; families are extended on a grid to reach it (225 = seed).
+    num_features: int | None = None
+
+
+@dataclass
+class DataConfig:
+    path: str = MISSING
+    time_column: str = "timestamp"
+    group_column: str | None = None
+    # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
+    target: str | None = None
+    target_kind: str = "auto"  # auto | return | level (naive baseline: zero return / last value)
+    features: Any = "all"  # "all" | "ohlcv" | [column, ...]
+    known_features: list[str] = field(default_factory=list)
+    static_features: list[str] = field(default_factory=list)
+    ohlcv: OhlcvConfig = field(default_factory=OhlcvConfig)
+    encoder_length: int = 64
+    prediction_length: int = 8
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    batch_size: int = 64
+    num_workers: int = 0
+    nan_policy: str = "error"  # error | ffill | drop
+    generate_if_missing: bool = False  # the bundled sample is generated on first use
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tft_small"
+    hidden_dim: int = 64
+    num_heads: int = 4
+    lstm_layers: int = 1
+    dropout: float = 0.1
+    variable_dim: int = 16  # width of each variable's own network (pf: hidden_continuous_size)
+    quantiles: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    schedule: str = "cosine"  # cosine (linear warm-up then cosine) | onecycle | none
+    warmup_fraction: float = 0.05
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    trainer_precision: str = "32-true"
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 3
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    gradient_clip_val: float | None = 1.0
+    log_every_n_steps: int = 50
+    limit_train_batches: Any = None  # None = all batches (Lightning's default)
+    limit_val_batches: Any = None  # None = all batches (Lightning's default)
+    limit_test_batches: Any = None  # None = all batches (Lightning's default)
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "csv"  # csv | tensorboard
+
+
+@dataclass
+class CallbacksConfig:
+    monitor: str = "val_loss"
+    save_top_k: int = 1
+    early_stopping_patience: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    callbacks: CallbacksConfig = MISSING
+    seed: int = 42
+    ckpt_path: str | None = None
+
+
+def register_configs() -> None:
+    """Register the schemas so each group's YAML is type-checked at composition."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: Any) -> None:
+    """Semantic checks that types alone cannot express; raises ConfigError naming the key."""
+    m, d, o = cfg.model, cfg.data, cfg.optim
+    _check(m.hidden_dim > 0, f"model.hidden_dim must be positive, got {m.hidden_dim}")
+    _check(m.num_heads > 0, f"model.num_heads must be positive, got {m.num_heads}")
+    _check(
+        m.hidden_dim % m.num_heads == 0,
+        f"model.hidden_dim={m.hidden_dim} is not divisible by model.num_heads={m.num_heads}",
+    )
+    _check(m.lstm_layers > 0, f"model.lstm_layers must be positive, got {m.lstm_layers}")
+    _check(m.variable_dim > 0, f"model.variable_dim must be positive, got {m.variable_dim}")
+    _check(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
+    q = list(m.quantiles)
+    _check(
+        len(q) > 0 and all(0 < x < 1 for x in q) and all(a < b for a, b in itertools.pairwise(q)),
+        f"model.quantiles must be strictly increasing values in (0, 1), got {q}",
+    )
+    _check(d.encoder_length > 0, f"data.encoder_length must be positive, got {d.encoder_length}")
+    _check(
+        d.prediction_length > 0,
+        f"data.prediction_length must be positive, got {d.prediction_length}",
+    )
+    _check(d.batch_size > 0, f"data.batch_size must be positive, got {d.batch_size}")
+    _check(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
+    _check(
+        0 <= d.val_fraction < 1
+        and 0 <= d.test_fraction < 1
+        and d.val_fraction + d.test_fraction < 1,
+        "data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1, "
+        f"got {d.val_fraction} and {d.test_fraction}",
+    )
+    _check(
+        d.nan_policy in ("error", "ffill", "drop"),
+        f"data.nan_policy must be error, ffill or drop, got {d.nan_policy!r}",
+    )
+    _check(
+        d.target_kind in ("auto", "return", "level"),
+        f"data.target_kind must be auto, return or level, got {d.target_kind!r}",
+    )
+    features = d.features
+    _check(
+        features in ("all", "ohlcv") or (not isinstance(features, str) and len(features) > 0),
+        f"data.features must be 'all', 'ohlcv' or a list of columns, got {features!r}",
+    )
+    _check(
+        features == "ohlcv" or d.target is not None,
+        "data.target is required unless data.features=ohlcv",
+    )
+    _check(
+        o.schedule in ("cosine", "onecycle", "none"),
+        f"optim.schedule must be cosine, onecycle or none, got {o.schedule!r}",
+    )
+    _check(o.lr > 0, f"optim.lr must be positive, got {o.lr}")
+    _check(
+        cfg.logger.name in ("csv", "tensorboard"),
+        f"logger.name must be csv or tensorboard, got {cfg.logger.name!r}",
+    )

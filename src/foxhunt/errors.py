@@ -1,0 +1,17 @@
+"""Errors a user can fix: one clear line, printed by the CLI, exit code 2."""
+
+
+class FoxhuntError(Exception):
+    """A problem with the user's input or configuration, reported as one line."""
+
+
+class DataError(FoxhuntError):
+    """The data cannot be used as configured (missing file/column, NaN, order, length)."""
+
+
+class ConfigError(FoxhuntError):
+    """The composed configuration is inconsistent."""
+
+
+class CheckpointError(FoxhuntError):
+    """A checkpoint is missing, unreadable or does not match the data."""

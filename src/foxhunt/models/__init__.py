@@ -1,0 +1,5 @@
+"""Forecasting models."""
+
+from foxhunt.models.tft import TemporalFusionTransformer
+
+__all__ = ["TemporalFusionTransformer"]

@@ -1,0 +1,253 @@
+"""Temporal Fusion Transformer (Lim et al. 2021) as a plain ``torch.nn.Module``.
+
+The architecture and parameterisation mirror pytorch-forecasting's ``TemporalFusionTransformer``
+(shared continuous prescalers, ResampleNorm skips, shared post-LSTM gate, ...), except that the
+variable selection networks evaluate all per-variable GRNs at once with stacked weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from foxhunt.errors import ConfigError
+from foxhunt.models.blocks import (
+    GateAddNorm,
+    GatedResidualNetwork,
+    InterpretableMultiHeadAttention,
+    VariablePrescaler,
+    VariableSelectionNetwork,
+)
+
+
+class TemporalFusionTransformer(nn.Module):
+    """Multi-horizon quantile forecaster of Lim et al. (2021), Fig. 2.
+
+    Inputs (``x``):
+      * ``encoder_cont`` float [B, E, num_observed + num_known]: observed, then known.
+      * ``decoder_known`` float [B, H, num_known] with H == prediction_length.
+      * ``static_cat`` long [B, len(static_cardinalities)] (only read if there are any).
+      * ``static_real`` float [B, num_static_real] (only read if there are any).
+
+    A relative time index is appended as the last known variable, so the encoder selects among
+    ``num_observed + num_known + 1`` variables and the decoder among ``num_known + 1``.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_observed: int,
+        num_known: int,
+        prediction_length: int,
+        static_cardinalities: Sequence[int] = (),
+        num_static_real: int = 0,
+        hidden_dim: int = 64,
+        num_heads: int = 4,
+        lstm_layers: int = 1,
+        dropout: float = 0.1,
+        variable_dim: int = 16,
+        quantiles: Sequence[float] = (0.1, 0.5, 0.9),
+    ) -> None:
+        super().__init__()
+        if min(num_observed, num_known, num_static_real) < 0:
+            raise ConfigError("variable counts must be non-negative")
+        if prediction_length < 1 or hidden_dim < 1 or variable_dim < 1 or lstm_layers < 1:
+            raise ConfigError(
+                "prediction_length, hidden_dim, variable_dim and lstm_layers must be positive"
+            )
+        if num_heads < 1 or hidden_dim % num_heads != 0:
+            raise ConfigError(f"hidden_dim ({hidden_dim}) must be a multiple of num_heads")
+        if not quantiles:
+            raise ConfigError("at least one quantile is required")
+        if any(c < 1 for c in static_cardinalities):
+            raise ConfigError("static cardinalities must be positive")
+
+        self.num_observed = num_observed
+        self.num_known = num_known
+        self.prediction_length = prediction_length
+        self.hidden_dim = hidden_dim
+        self.lstm_layers = lstm_layers
+        self.quantiles = tuple(float(q) for q in quantiles)
+        self.num_encoder_vars = num_observed + num_known + 1
+        self.num_decoder_vars = num_known + 1
+        self.num_static_cat = len(static_cardinalities)
+        self.num_static_real = num_static_real
+        self.num_static_vars = self.num_static_cat + num_static_real
+        h = hidden_dim
+
+        # Input transformations (sec. 4.2). One prescaler per time-varying real, shared by the
+        # encoder and decoder as in pytorch-forecasting; ordered [observed, known, relative time]
+        # so the decoder's variables are the trailing slice.
+        self.prescaler = VariablePrescaler(self.num_encoder_vars, variable_dim)
+        self.static_prescaler = VariablePrescaler(num_static_real, variable_dim)
+        self.static_embeddings = nn.ModuleList(
+            nn.Embedding(cardinality, variable_dim) for cardinality in static_cardinalities
+        )
+
+        # Variable selection (sec. 4.2); none for statics when there are none.
+        self.static_variable_selection = (
+            VariableSelectionNetwork(self.num_static_vars, variable_dim, h, dropout)
+            if self.num_static_vars > 0
+            else None
+        )
+        self.encoder_variable_selection = VariableSelectionNetwork(
+            self.num_encoder_vars, variable_dim, h, dropout, context_size=h
+        )
+        self.decoder_variable_selection = VariableSelectionNetwork(
+            self.num_decoder_vars, variable_dim, h, dropout, context_size=h
+        )
+
+        # Static covariate encoders (sec. 4.3): contexts c_s, c_h, c_c and c_e.
+        self.static_context_variable_selection = GatedResidualNetwork(h, h, h, dropout)
+        self.static_context_initial_hidden_lstm = GatedResidualNetwork(h, h, h, dropout)
+        self.static_context_initial_cell_lstm = GatedResidualNetwork(h, h, h, dropout)
+        self.static_context_enrichment = GatedResidualNetwork(h, h, h, dropout)
+
+        # Locality enhancement with a sequence-to-sequence layer (sec. 4.5.1).
+        lstm_dropout = dropout if lstm_layers > 1 else 0.0
+        self.lstm_encoder = nn.LSTM(h, h, lstm_layers, batch_first=True, dropout=lstm_dropout)
+        self.lstm_decoder = nn.LSTM(h, h, lstm_layers, batch_first=True, dropout=lstm_dropout)
+        # pytorch-forecasting shares this gate between encoder and decoder positions.
+        self.post_lstm_gate_norm = GateAddNorm(h, h, dropout)
+
+        # Static enrichment (sec. 4.5.2), temporal self-attention (4.5.3), feed-forward (4.5.4).
+        self.static_enrichment = GatedResidualNetwork(h, h, h, dropout, context_size=h)
+        self.multihead_attn = InterpretableMultiHeadAttention(h, num_heads, dropout)
+        self.post_attn_gate_norm = GateAddNorm(h, h, dropout)
+        self.pos_wise_ff = GatedResidualNetwork(h, h, h, dropout)
+        # No dropout this close to the output, as in pytorch-forecasting.
+        self.pre_output_gate_norm = GateAddNorm(h, h, None)
+
+        # Quantile outputs (sec. 4.6).
+        self.output_layer = nn.Linear(h, len(self.quantiles))
+
+    def num_parameters(self) -> int:
+        """Number of trainable parameters."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def forward(self, x: Mapping[str, Tensor]) -> Tensor:
+        """Quantile predictions [B, prediction_length, len(quantiles)]."""
+        prediction, _ = self._run(x, need_weights=False)
+        return prediction
+
+    def interpret(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Predictions plus variable selection weights and head-averaged decoder attention.
+
+        Keys: ``prediction`` [B, H, Q], ``encoder_variable_weights`` [B, E, num_encoder_vars],
+        ``decoder_variable_weights`` [B, H, num_decoder_vars], ``static_variable_weights``
+        [B, num_static_vars] and ``attention`` [B, H, E + H] (rows sum to one).
+        """
+        prediction, interpretation = self._run(x, need_weights=True)
+        return {"prediction": prediction, **interpretation}
+
+    def _run(self, x: Mapping[str, Tensor], need_weights: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        encoder_cont = x["encoder_cont"]
+        decoder_known = x["decoder_known"]
+        self._check_inputs(encoder_cont, decoder_known)
+        batch, enc_len, _ = encoder_cont.shape
+        dec_len = decoder_known.shape[1]
+
+        relative_time = torch.arange(
+            enc_len + dec_len, device=encoder_cont.device, dtype=encoder_cont.dtype
+        )
+        relative_time = ((relative_time - enc_len) / max(enc_len, dec_len)).view(1, -1, 1)
+        encoder_real = torch.cat(
+            [encoder_cont, relative_time[:, :enc_len].expand(batch, -1, -1)], dim=-1
+        )
+        decoder_real = torch.cat(
+            [decoder_known, relative_time[:, enc_len:].expand(batch, -1, -1)], dim=-1
+        )
+
+        static_embedding, static_weights = self._static_embedding(x, encoder_cont)
+
+        # Static contexts are broadcast over time via a singleton time axis.
+        selection_context = self.static_context_variable_selection(static_embedding).unsqueeze(1)
+        encoder_input, encoder_weights = self.encoder_variable_selection(
+            self.prescaler(encoder_real), selection_context
+        )
+        decoder_input, decoder_weights = self.decoder_variable_selection(
+            self.prescaler(decoder_real, first=self.num_observed), selection_context
+        )
+
+        # cuDNN wants contiguous initial states, and expand() alone gives a stride-0 view.
+        initial_hidden = self.static_context_initial_hidden_lstm(static_embedding)
+        initial_cell = self.static_context_initial_cell_lstm(static_embedding)
+        state = (
+            initial_hidden.expand(self.lstm_layers, -1, -1).contiguous(),
+            initial_cell.expand(self.lstm_layers, -1, -1).contiguous(),
+        )
+        encoder_output, state = self.lstm_encoder(encoder_input, state)
+        decoder_output, _ = self.lstm_decoder(decoder_input, state)
+
+        lstm_output = self.post_lstm_gate_norm(
+            torch.cat([encoder_output, decoder_output], dim=1),
+            torch.cat([encoder_input, decoder_input], dim=1),
+        )
+        enrichment_context = self.static_context_enrichment(static_embedding).unsqueeze(1)
+        enriched = self.static_enrichment(lstm_output, enrichment_context)
+
+        # Only the forecast positions are queried; they attend to the whole window.
+        attended, attention = self.multihead_attn(
+            enriched[:, enc_len:],
+            enriched,
+            self._causal_mask(enc_len, dec_len, encoder_cont.device),
+            need_weights=need_weights,
+        )
+        output = self.post_attn_gate_norm(attended, enriched[:, enc_len:])
+        output = self.pos_wise_ff(output)
+        output = self.pre_output_gate_norm(output, lstm_output[:, enc_len:])
+        prediction = self.output_layer(output)
+
+        if not need_weights:
+            return prediction, {}
+        return prediction, {
+            "encoder_variable_weights": encoder_weights,
+            "decoder_variable_weights": decoder_weights,
+            "static_variable_weights": static_weights,
+            "attention": attention,
+        }
+
+    def _static_embedding(self, x: Mapping[str, Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
+        batch = like.shape[0]
+        if self.static_variable_selection is None:
+            # Like pytorch-forecasting: without statics the contexts come from a zero embedding.
+            return (
+                like.new_zeros(batch, self.hidden_dim),
+                like.new_zeros(batch, 0),
+            )
+        parts = []
+        if self.num_static_cat > 0:
+            static_cat = x["static_cat"]
+            parts.extend(
+                embedding(static_cat[:, i]) for i, embedding in enumerate(self.static_embeddings)
+            )
+        if self.num_static_real > 0:
+            parts.extend(self.static_prescaler(x["static_real"]).unbind(dim=1))
+        return self.static_variable_selection(torch.stack(parts, dim=1))
+
+    @staticmethod
+    def _causal_mask(enc_len: int, dec_len: int, device: torch.device) -> Tensor:
+        # Decoder step i may attend to every encoder step and to decoder steps 0..i.
+        query = torch.arange(dec_len, device=device).unsqueeze(1) + enc_len
+        key = torch.arange(enc_len + dec_len, device=device).unsqueeze(0)
+        return key <= query
+
+    def _check_inputs(self, encoder_cont: Tensor, decoder_known: Tensor) -> None:
+        expected = self.num_observed + self.num_known
+        if encoder_cont.ndim != 3 or encoder_cont.shape[-1] != expected:
+            raise ValueError(
+                f"encoder_cont must be [B, E, {expected}], got {tuple(encoder_cont.shape)}"
+            )
+        if encoder_cont.shape[1] < 1:
+            raise ValueError("encoder_cont needs at least one time step")
+        if decoder_known.shape != (
+            encoder_cont.shape[0],
+            self.prediction_length,
+            self.num_known,
+        ):
+            raise ValueError(
+                f"decoder_known must be [B, {self.prediction_length}, {self.num_known}], "
+                f"got {tuple(decoder_known.shape)}"
+            )

@@ -1,0 +1,137 @@
+"""The LightningModule: loss, optimizer, schedule and metrics around the plain TFT."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanAbsoluteError, MetricCollection
+
+from foxhunt.data.datamodule import DataSchema
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss, quantile_loss
+
+
+def build_model(model: dict[str, Any], schema: DataSchema) -> TemporalFusionTransformer:
+    """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`."""
+    return TemporalFusionTransformer(
+        num_observed=1 + len(schema.observed),  # the target's history leads the observed inputs
+        num_known=len(schema.known),
+        prediction_length=schema.prediction_length,
+        static_cardinalities=[len(schema.groups)] if schema.groups else [],
+        num_static_real=len(schema.static),
+        hidden_dim=model["hidden_dim"],
+        num_heads=model["num_heads"],
+        lstm_layers=model["lstm_layers"],
+        dropout=model["dropout"],
+        variable_dim=model["variable_dim"],
+        quantiles=list(model["quantiles"]),
+    )
+
+
+class TFTModule(L.LightningModule):
+    """Trains a TemporalFusionTransformer with the quantile loss.
+
+    The hyperparameters (model config, data schema with normalization, optimizer config) are
+    saved in every checkpoint, so `TFTModule.load_from_checkpoint(path)` needs nothing else."""
+
+    def __init__(self, model: dict[str, Any], schema: dict[str, Any], optim: dict[str, Any]):
+        super().__init__()
+        self.save_hyperparameters()
+        self.schema = DataSchema.from_dict(schema)
+        self.model = build_model(model, self.schema)
+        quantiles = list(model["quantiles"])
+        self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
+        self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
+        self.metrics = nn.ModuleDict(
+            {
+                stage: MetricCollection(
+                    {
+                        "loss": QuantileLoss(quantiles),
+                        "mae": MeanAbsoluteError(),
+                        "directional_accuracy": DirectionalAccuracy(),
+                        "coverage": Coverage(),
+                        "baseline_loss": QuantileLoss(quantiles),
+                    },
+                    prefix=f"{stage}_",
+                )
+                for stage in ("val", "test")
+            }
+        )
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Quantile predictions [batch, horizon, quantiles] in normalized target units."""
+        return self.model(batch)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = quantile_loss(self.model(batch), batch["target"], self.quantiles)
+        self.log(
+            "train_loss",
+            loss,
+            on_step=True,
+            on_epoch=True,
+            prog_bar=True,
+            batch_size=len(batch["target"]),
+        )
+        return loss
+
+    def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> None:
+        pred = self.model(batch)
+        target = batch["target"]
+        # the naive forecast: a zero return, or the last observed level
+        if self.schema.target_kind == "return":
+            reference = torch.full_like(
+                target, -self.schema.target_center / self.schema.target_scale
+            )
+        else:
+            reference = batch["target_last"][:, None].expand_as(target)
+        median = pred[..., self.median_index]
+        m = self.metrics[stage]
+        m["loss"].update(pred, target)
+        # MAE in the target's own units: undo the scaling (the centre cancels)
+        m["mae"].update(median * self.schema.target_scale, target * self.schema.target_scale)
+        m["directional_accuracy"].update(median, target, reference)
+        m["coverage"].update(pred[..., 0], pred[..., -1], target)
+        m["baseline_loss"].update(reference.unsqueeze(-1).expand_as(pred), target)
+        self.log_dict(
+            m, on_step=False, on_epoch=True, prog_bar=stage == "val", batch_size=len(target)
+        )
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self) -> Any:
+        cfg = self.hparams.optim
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"]
+        )
+        if cfg["schedule"] == "none":
+            return optimizer
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        if cfg["schedule"] == "onecycle":
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                optimizer,
+                max_lr=cfg["lr"],
+                total_steps=total,
+                pct_start=max(cfg["warmup_fraction"], 1e-3),
+            )
+        else:
+            warmup = max(int(total * cfg["warmup_fraction"]), 1)
+
+            def warmup_cosine(step: int) -> float:
+                if step < warmup:
+                    return (step + 1) / warmup
+                progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+                return 0.5 * (1 + math.cos(math.pi * progress))
+
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

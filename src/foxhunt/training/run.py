@@ -1,0 +1,116 @@
+"""One training run from a composed config: fit, test, summary.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config import validate
+from foxhunt.data.datamodule import DataSchema, ParquetDataModule
+from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.training.module import TFTModule
+
+log = logging.getLogger(__name__)
+
+
+def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
+    """Resolve a checkpoint to an absolute path and read its hyperparameters, or fail loudly."""
+    path = Path(ckpt_path).expanduser().resolve()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        return path, ckpt["hyper_parameters"]
+    except Exception as exc:  # any unreadable file is the same user-facing problem
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
+
+
+def _logger(cfg: DictConfig, run_dir: Path) -> Logger:
+    if cfg.logger.name == "tensorboard":
+        return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="")
+    return CSVLogger(save_dir=run_dir, name="csv", version="")
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Fit and test the configured TFT in `run_dir`; return the summary written there."""
+    validate(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
+
+    ckpt_path, schema = None, None
+    if cfg.ckpt_path:
+        ckpt_path, hparams = read_checkpoint_hparams(cfg.ckpt_path)
+        schema = DataSchema.from_dict(hparams["schema"])
+        changed = [k for k in model_cfg if hparams["model"].get(k) != model_cfg[k]]
+        if changed:
+            raise ConfigError(
+                "the checkpoint was trained with a different model: "
+                + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
+            )
+
+    datamodule = ParquetDataModule(cfg.data, schema=schema)
+    datamodule.setup()
+    module = TFTModule(model=model_cfg, schema=datamodule.schema.to_dict(), optim=optim_cfg)
+
+    checkpoint = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        filename="best-{epoch}-{step}",
+        monitor=cfg.callbacks.monitor,
+        mode="min",
+        save_top_k=cfg.callbacks.save_top_k,
+        save_last=True,
+    )
+    callbacks: list[L.Callback] = [checkpoint]
+    if cfg.callbacks.early_stopping_patience is not None:
+        callbacks.append(
+            EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
+        )
+    trainer = L.Trainer(
+        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        precision=cfg.precision.trainer_precision,
+        default_root_dir=run_dir,
+        logger=_logger(cfg, run_dir),
+        callbacks=callbacks,
+    )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    # read before test(): restoring the best checkpoint there resets the callback's paths
+    best, last, best_score = (
+        checkpoint.best_model_path,
+        checkpoint.last_model_path,
+        checkpoint.best_model_score,
+    )
+    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+
+    summary = {
+        "run_dir": str(run_dir),
+        "best_checkpoint": best,
+        "last_checkpoint": last,
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "batch_size": cfg.data.batch_size,
+        "num_features": datamodule.schema.num_features,
+        "num_parameters": sum(p.numel() for p in module.model.parameters()),
+        "metrics": {
+            "val_loss": _float(best_score),
+            "test_loss": tested["test_loss"],
+            "test_mae": tested["test_mae"],
+            "test_directional_accuracy": tested["test_directional_accuracy"],
+            "test_coverage": tested["test_coverage"],
+            "baseline_test_loss": tested["test_baseline_loss"],
+        },
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _float(x: torch.Tensor | None) -> float | None:
+    return None if x is None else float(x)

@@ -1,0 +1,73 @@
+"""Shared fixtures: small Parquet files written on the fly, and data configs pointing at them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from foxhunt.config import DataConfig
+
+T0 = np.datetime64("2026-01-05T00:00:00", "ns").astype(np.int64)
+FIVE_MIN = 5 * 60 * 10**9
+
+
+def make_table(lengths: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Columns of a multi-instrument file: time, symbol, two features, a known input, target."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {k: [] for k in ("timestamp", "symbol", "f1", "f2", "k1", "y")}
+    for symbol, n in lengths.items():
+        t = T0 + FIVE_MIN * np.arange(n)
+        cols["timestamp"].append(t)
+        cols["symbol"].append(np.full(n, symbol))
+        cols["f1"].append(rng.normal(size=n))
+        cols["f2"].append(rng.normal(size=n) * 10 + 3)
+        cols["k1"].append(np.sin(np.arange(n) / 10))
+        cols["y"].append(np.cumsum(rng.normal(size=n)))
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def write_table(path: Path, cols: dict[str, np.ndarray]) -> Path:
+    arrays = {
+        k: pa.array(v, pa.timestamp("ns", tz="UTC")) if k == "timestamp" else pa.array(v)
+        for k, v in cols.items()
+    }
+    pq.write_table(pa.table(arrays), path)
+    return path
+
+
+@pytest.fixture
+def table_path(tmp_path: Path) -> Path:
+    return write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 200}))
+
+
+@pytest.fixture
+def data_cfg(table_path: Path) -> DataConfig:
+    return DataConfig(
+        path=str(table_path),
+        group_column="symbol",
+        target="y",
+        features=["f1", "f2"],
+        known_features=["k1"],
+        encoder_length=16,
+        prediction_length=4,
+        val_fraction=0.2,
+        test_fraction=0.2,
+        batch_size=8,
+    )
+
+
+@pytest.fixture(scope="session")
+def es_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small slice of the bundled synthetic ES sample (real OHLCV schema)."""
+    from foxhunt.data.sample import make_es_sample
+
+    return make_es_sample(tmp_path_factory.mktemp("es") / "ES_FUT_tiny.parquet", days=12)
+
+
+def with_(cfg: DataConfig, **changes) -> DataConfig:
+    return replace(cfg, **changes)

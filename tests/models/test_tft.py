@@ -1,0 +1,313 @@
+"""Tests for the Temporal Fusion Transformer and its grouped variable selection network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foxhunt.errors import ConfigError
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.models.blocks import VariableSelectionNetwork
+from tests.models.reference_tft import (
+    RefVariableSelectionNetwork,
+    load_from_grouped,
+    parameter_pairs,
+)
+
+QUANTILES = (0.1, 0.5, 0.9)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    # The tensors here are tiny: extra intra-op threads only add overhead, and spinning OpenMP
+    # workers slow these tests down fifty-fold when another process is using the CPUs.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_batch(
+    model: TemporalFusionTransformer,
+    batch: int = 4,
+    enc_len: int = 12,
+    cardinalities: tuple[int, ...] = (),
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n_enc = model.num_observed + model.num_known
+    static_cat = (
+        torch.stack([torch.randint(0, c, (batch,), generator=gen) for c in cardinalities], dim=1)
+        if cardinalities
+        else torch.zeros(batch, 0, dtype=torch.long)
+    )
+    return {
+        "encoder_cont": torch.randn(batch, enc_len, n_enc, generator=gen),
+        "decoder_known": torch.randn(
+            batch, model.prediction_length, model.num_known, generator=gen
+        ),
+        "static_cat": static_cat,
+        "static_real": torch.randn(batch, model.num_static_real, generator=gen),
+    }
+
+
+CONFIGS = {
+    "plain": dict(num_observed=3, num_known=2),
+    "statics": dict(num_observed=3, num_known=2, static_cardinalities=(5, 3), num_static_real=2),
+    "one_static_real": dict(num_observed=2, num_known=1, num_static_real=1),
+    "no_known": dict(num_observed=4, num_known=0, static_cardinalities=(7,)),
+    "two_lstm_layers": dict(num_observed=3, num_known=1, lstm_layers=2),
+    "one_head": dict(num_observed=3, num_known=1, num_heads=1),
+    "variable_dim_equals_hidden": dict(num_observed=2, num_known=1, variable_dim=16),
+}
+
+
+def build(name: str, **overrides) -> tuple[TemporalFusionTransformer, dict[str, torch.Tensor]]:
+    kwargs = dict(prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8)
+    kwargs.update(CONFIGS[name])
+    kwargs.update(overrides)
+    model = TemporalFusionTransformer(**kwargs)
+    batch = make_batch(model, cardinalities=tuple(kwargs.get("static_cardinalities", ())))
+    return model, batch
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_output_shapes(name: str) -> None:
+    torch.manual_seed(0)
+    model, x = build(name, quantiles=(0.1, 0.25, 0.5, 0.75, 0.9))
+    batch, enc_len = x["encoder_cont"].shape[:2]
+    horizon = model.prediction_length
+
+    prediction = model(x)
+    assert prediction.shape == (batch, horizon, 5)
+    assert torch.isfinite(prediction).all()
+
+    out = model.interpret(x)
+    assert out["prediction"].shape == (batch, horizon, 5)
+    assert out["encoder_variable_weights"].shape == (
+        batch,
+        enc_len,
+        model.num_observed + model.num_known + 1,
+    )
+    assert out["decoder_variable_weights"].shape == (batch, horizon, model.num_known + 1)
+    assert out["static_variable_weights"].shape == (batch, model.num_static_vars)
+    assert out["attention"].shape == (batch, horizon, enc_len + horizon)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_forward_matches_interpret_prediction(name: str) -> None:
+    # forward uses scaled_dot_product_attention, interpret explicit scores: same numbers.
+    torch.manual_seed(0)
+    model, x = build(name)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model.interpret(x)["prediction"])
+
+
+@pytest.mark.parametrize("use_interpret", [False, True])
+@pytest.mark.parametrize("step", [0, 2, 4])
+def test_causal_decoder(step: int, use_interpret: bool) -> None:
+    torch.manual_seed(0)
+    model, x = build("statics", num_heads=2)
+    model.eval()
+
+    def predict(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            return model.interpret(inputs)["prediction"] if use_interpret else model(inputs)
+
+    changed = {k: v.clone() for k, v in x.items()}
+    changed["decoder_known"][:, step] += 3.0
+    before, after = predict(x), predict(changed)
+
+    torch.testing.assert_close(after[:, :step], before[:, :step], rtol=0, atol=1e-6)
+    assert (after[:, step] - before[:, step]).abs().max() > 1e-3
+
+
+def test_encoder_changes_reach_every_step() -> None:
+    torch.manual_seed(0)
+    model, x = build("plain")
+    model.eval()
+    changed = {k: v.clone() for k, v in x.items()}
+    changed["encoder_cont"][:, 0] += 3.0
+    with torch.no_grad():
+        diff = (model(changed) - model(x)).abs().amax(dim=(0, 2))
+    assert (diff > 1e-4).all()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_variable_weights_are_distributions(train: bool) -> None:
+    torch.manual_seed(0)
+    model, x = build("statics")
+    model.train(train)
+    out = model.interpret(x)
+    for key in ("encoder_variable_weights", "decoder_variable_weights", "static_variable_weights"):
+        weights = out[key]
+        assert (weights >= 0).all(), key
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    # The weights actually select: not a constant uniform split.
+    assert out["encoder_variable_weights"].std() > 1e-3
+
+
+def test_single_variable_weights_are_ones() -> None:
+    model, x = build("no_known")  # decoder has only the relative time index
+    out = model.interpret(x)
+    assert torch.equal(out["decoder_variable_weights"], torch.ones(4, 5, 1))
+    assert torch.equal(out["static_variable_weights"], torch.ones(4, 1))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_attention_rows_are_causal_distributions(train: bool) -> None:
+    torch.manual_seed(0)
+    model, x = build("plain")
+    model.train(train)
+    attention = model.interpret(x)["attention"]
+    enc_len = x["encoder_cont"].shape[1]
+    horizon = model.prediction_length
+
+    torch.testing.assert_close(attention.sum(-1), torch.ones(attention.shape[:-1]))
+    assert (attention >= 0).all()
+    for i in range(horizon):
+        assert (attention[:, i, enc_len + i + 1 :] == 0).all()
+        assert (attention[:, i, : enc_len + i + 1] > 0).all()
+
+
+VSN_CASES = {
+    "time_axis_with_context": dict(n=5, dim=4, hidden=8, context=6, shape=(3, 7)),
+    "static_no_context": dict(n=3, dim=8, hidden=8, context=None, shape=(4,)),
+    "dim_larger_than_hidden": dict(n=4, dim=12, hidden=6, context=5, shape=(2, 3)),
+    "single_variable": dict(n=1, dim=4, hidden=8, context=6, shape=(2, 5)),
+}
+
+
+@pytest.mark.parametrize("case", VSN_CASES)
+def test_grouped_vsn_matches_per_variable_reference(case: str) -> None:
+    c = VSN_CASES[case]
+    torch.manual_seed(0)
+    vsn = VariableSelectionNetwork(c["n"], c["dim"], c["hidden"], 0.1, c["context"]).double()
+    ref = RefVariableSelectionNetwork(c["n"], c["dim"], c["hidden"], 0.1, c["context"]).double()
+    with torch.no_grad():  # move away from the default init so every term matters
+        for p in vsn.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    load_from_grouped(ref, vsn)
+    vsn.eval()
+    ref.eval()
+
+    x = torch.randn(*c["shape"], c["n"], c["dim"], dtype=torch.float64)
+    context = None
+    if c["context"] is not None:
+        context = torch.randn(c["shape"][0], *[1] * (len(c["shape"]) - 1), c["context"])
+        context = context.double().requires_grad_()
+    x_ref = x.clone().requires_grad_()
+    x.requires_grad_()
+    context_ref = None if context is None else context.detach().clone().requires_grad_()
+
+    out, weights = vsn(x, context)
+    out_ref, weights_ref = ref(x_ref, context_ref)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-9)
+    assert out.shape == (*c["shape"], c["hidden"])
+    assert weights.shape == (*c["shape"], c["n"])
+
+    # A loss that depends on outputs and weights non-uniformly.
+    probe = torch.randn_like(out)
+    probe_w = torch.randn_like(weights)
+    ((out * probe).sum() + (weights * probe_w).sum()).backward()
+    ((out_ref * probe).sum() + (weights_ref * probe_w).sum()).backward()
+
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-9)
+    if context is not None and c["n"] > 1:
+        torch.testing.assert_close(context.grad, context_ref.grad, rtol=1e-5, atol=1e-9)
+    for name, ref_param, grouped_param, layout in parameter_pairs(ref, vsn):
+        torch.testing.assert_close(
+            layout(grouped_param.grad), ref_param.grad, rtol=1e-5, atol=1e-9, msg=name
+        )
+
+
+def test_vsn_module_count_does_not_grow_with_variables() -> None:
+    # Per-variable work must be stacked weights, not one module per variable.
+    small = VariableSelectionNetwork(5, 16, 64, 0.1, 64)
+    large = VariableSelectionNetwork(225, 16, 64, 0.1, 64)
+    assert len(list(small.modules())) == len(list(large.modules()))
+    assert large.single_variable_grns.fc1.weight.shape == (225, 16, 16)
+
+
+def quantile_loss(prediction: torch.Tensor, target: torch.Tensor, quantiles) -> torch.Tensor:
+    q = torch.tensor(quantiles, dtype=prediction.dtype)
+    error = target.unsqueeze(-1) - prediction
+    return torch.maximum(q * error, (q - 1) * error).mean()
+
+
+def test_overfits_a_small_batch() -> None:
+    torch.manual_seed(0)
+    model, x = build("statics", quantiles=QUANTILES, dropout=0.0)
+    # A target that depends on the inputs, so fitting it needs the whole network.
+    target = x["decoder_known"][..., 0] + x["encoder_cont"][:, -1:, 0] * 0.5
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    losses = []
+    for _ in range(40):
+        optimiser.zero_grad()
+        loss = quantile_loss(model(x), target, QUANTILES)
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_parameter_count_matches_pytorch_forecasting_scale() -> None:
+    model = TemporalFusionTransformer(
+        num_observed=15,
+        num_known=0,
+        prediction_length=6,
+        hidden_dim=64,
+        num_heads=4,
+        lstm_layers=1,
+        variable_dim=16,
+        quantiles=(0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98),
+    )
+    count = model.num_parameters()
+    print(f"TFT parameters (16 encoder vars, hidden 64, 4 heads, 7 quantiles): {count:,}")
+    # pytorch-forecasting reports 266,607 for this setting.
+    assert abs(count - 266_607) / 266_607 < 0.05
+    assert count == sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_count_independent_of_lengths() -> None:
+    a = TemporalFusionTransformer(num_observed=3, num_known=1, prediction_length=2)
+    b = TemporalFusionTransformer(num_observed=3, num_known=1, prediction_length=30)
+    assert a.num_parameters() == b.num_parameters()
+
+
+def test_float64_forward_and_backward() -> None:
+    torch.manual_seed(0)
+    model, x = build("statics")
+    model.double()
+    x = {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}
+    prediction = model(x)
+    assert prediction.dtype == torch.float64
+    prediction.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(hidden_dim=10, num_heads=4),
+        dict(quantiles=()),
+        dict(static_cardinalities=(0,)),
+        dict(num_known=-1),
+    ],
+)
+def test_invalid_config(kwargs) -> None:
+    base = dict(num_observed=2, num_known=1, prediction_length=3)
+    base.update(kwargs)
+    with pytest.raises(ConfigError):
+        TemporalFusionTransformer(**base)
+
+
+def test_wrong_input_shapes() -> None:
+    model, x = build("plain")
+    with pytest.raises(ValueError, match="encoder_cont"):
+        model({**x, "encoder_cont": x["encoder_cont"][..., :-1]})
+    with pytest.raises(ValueError, match="decoder_known"):
+        model({**x, "decoder_known": x["decoder_known"][:, :-1]})

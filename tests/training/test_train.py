@@ -1,0 +1,164 @@
+"""End to end: train, restore from a checkpoint alone, resume, and the CLI's error contract."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.training.metrics import quantile_loss
+from foxhunt.training.module import TFTModule
+from foxhunt.training.run import train
+from tests.test_config import compose_train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_overrides(path: Path, *extra: str) -> list[str]:
+    return [
+        "data=parquet",
+        f"data.path={path}",
+        "data.target=y",
+        "data.group_column=symbol",
+        "data.features=[f1,f2]",
+        "data.known_features=[k1]",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        "data.batch_size=16",
+        "model.hidden_dim=16",
+        "model.num_heads=2",
+        "model.variable_dim=4",
+        "trainer.max_epochs=2",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.accelerator=cpu",
+        "trainer.log_every_n_steps=1",
+        *extra,
+    ]
+
+
+def epoch_losses(run_dir: Path) -> list[float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return [float(r["train_loss_epoch"]) for r in csv.DictReader(f) if r["train_loss_epoch"]]
+
+
+def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_path):
+    summary = train(compose_train(*tiny_overrides(table_path)), tmp_path / "run")
+
+    assert summary["epochs"] == 2 and summary["num_features"] == 3
+    losses = epoch_losses(tmp_path / "run")
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert Path(summary["last_checkpoint"]).name == "last.ckpt"
+    for key in (
+        "val_loss",
+        "test_loss",
+        "test_mae",
+        "test_directional_accuracy",
+        "test_coverage",
+        "baseline_test_loss",
+    ):
+        assert summary["metrics"][key] is not None, key
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+
+    # the checkpoint alone (no config) rebuilds the model and reproduces the test loss
+    restored = TFTModule.load_from_checkpoint(summary["best_checkpoint"], map_location="cpu")
+    restored.eval()
+    cfg = compose_train(*tiny_overrides(table_path)).data
+    dm = ParquetDataModule(cfg, schema=restored.schema)
+    dm.setup()
+    with torch.no_grad():
+        losses, counts = [], []
+        for batch in dm.test_dataloader():
+            pred = restored(batch)
+            losses.append(quantile_loss(pred, batch["target"], restored.quantiles) * pred.numel())
+            counts.append(pred.numel())
+    assert float(sum(losses) / sum(counts)) == pytest.approx(
+        summary["metrics"]["test_loss"], rel=1e-5
+    )
+
+
+def test_resume_continues_from_last_checkpoint(tmp_path, table_path):
+    first = train(
+        compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), tmp_path / "a"
+    )
+    last = Path(first["last_checkpoint"])
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+
+    resumed = train(
+        compose_train(*tiny_overrides(table_path, "trainer.max_epochs=2", f"ckpt_path={last}")),
+        tmp_path / "b",
+    )
+    assert resumed["epochs"] == 2
+    assert resumed["global_step"] == 2 * first["global_step"]
+    assert hashlib.sha256(last.read_bytes()).hexdigest() == digest  # the original is untouched
+    assert Path(resumed["last_checkpoint"]).parent == tmp_path / "b" / "checkpoints"
+
+
+def test_resume_from_missing_checkpoint_fails_loudly(tmp_path, table_path):
+    missing = tmp_path / "gone" / "last.ckpt"
+    with pytest.raises(CheckpointError, match=f"checkpoint not found: {missing}"):
+        train(compose_train(*tiny_overrides(table_path, f"ckpt_path={missing}")), tmp_path / "r")
+
+
+def test_resume_with_other_model_is_refused(tmp_path, table_path):
+    first = train(
+        compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), tmp_path / "a"
+    )
+    overrides = tiny_overrides(
+        table_path, "model.hidden_dim=32", f"ckpt_path={first['last_checkpoint']}"
+    )
+    with pytest.raises(ConfigError, match="model.hidden_dim=16"):
+        train(compose_train(*overrides), tmp_path / "b")
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_invalid_override_exits_2(tmp_path):
+    result = run_cli("model.hidden_dim=abc", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "could not be converted to Integer" in result.stderr
+    assert "full_key: model.hidden_dim" in result.stderr
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, table_path):
+    result = run_cli(*tiny_overrides(tmp_path / "missing.parquet"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: data file not found: {tmp_path / 'missing.parquet'}"
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_semantic_error_exits_2(tmp_path):
+    result = run_cli("model.num_heads=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error: model.hidden_dim=64 is not divisible by model.num_heads=3" in result.stderr
+
+
+@pytest.mark.slow
+def test_cli_trains_and_prints_summary_last(tmp_path, table_path):
+    result = run_cli(*tiny_overrides(table_path, "trainer.max_epochs=1"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(summary["run_dir"]).resolve().is_relative_to(tmp_path.resolve() / "outputs")
+    assert Path(summary["best_checkpoint"]).is_file()
+    assert (Path(summary["run_dir"]) / "summary.json").is_file()
