@@ -101,8 +101,15 @@ def test_directory_of_files(tmp_path, data_cfg):
 
 
 def test_ohlcv_features_on_sample(es_sample, data_cfg):
-    cfg = with_(data_cfg, path=str(es_sample), target=None, features="ohlcv", known_features=[],
-                encoder_length=32, prediction_length=4)
+    cfg = with_(
+        data_cfg,
+        path=str(es_sample),
+        target=None,
+        features="ohlcv",
+        known_features=[],
+        encoder_length=32,
+        prediction_length=4,
+    )
     dm = setup(cfg)
     assert dm.schema.target == "log_return" and dm.schema.target_kind == "return"
     assert dm.schema.target_center == 0.0  # a zero return stays zero after scaling
@@ -128,8 +135,11 @@ def test_not_parquet(tmp_path, data_cfg):
 
 @pytest.mark.parametrize(
     "change, column",
-    [({"target": "close"}, "close"), ({"time_column": "ts"}, "ts"),
-     ({"features": ["f1", "f9"]}, "f9")],
+    [
+        ({"target": "close"}, "close"),
+        ({"time_column": "ts"}, "ts"),
+        ({"features": ["f1", "f9"]}, "f9"),
+    ],
 )
 def test_missing_column(data_cfg, change, column):
     with pytest.raises(DataError, match=f"missing column\\(s\\) {column} in"):

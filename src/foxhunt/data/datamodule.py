@@ -62,7 +62,7 @@ class DataSchema:
         return cls(**d)
 
     def check_matches(self, other: DataSchema) -> None:
-        """Raise CheckpointError naming what differs between a checkpoint's schema and the data's."""
+        """Raise CheckpointError naming how `other` (the data) differs from this schema."""
         mine = [*self.observed, *self.known, *self.static]
         theirs = [*other.observed, *other.known, *other.static]
         missing = [c for c in mine if c not in theirs]
@@ -73,8 +73,15 @@ class DataSchema:
                 f"{len(theirs)}: missing from the data: {', '.join(missing) or 'none'}; "
                 f"extra in the data: {', '.join(extra) or 'none'}"
             )
-        for key in ("observed", "known", "static", "target", "target_kind", "encoder_length",
-                    "prediction_length"):
+        for key in (
+            "observed",
+            "known",
+            "static",
+            "target",
+            "target_kind",
+            "encoder_length",
+            "prediction_length",
+        ):
             if getattr(self, key) != getattr(other, key):
                 raise CheckpointError(
                     f"checkpoint and data differ in {key}: "
@@ -201,12 +208,10 @@ class ParquetDataModule(L.LightningDataModule):
         series = loaded.series
         splits = [_split_starts(len(s.target), cfg, s.name) for s in series]
         offsets = np.cumsum([0] + [len(s.target) for s in series])
-        inputs = np.concatenate(
-            [np.column_stack([s.target, s.observed, s.known]) for s in series]
-        )
+        inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
         statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
         train_rows = np.concatenate(
-            [np.arange(o, o + sp[3]) for o, sp in zip(offsets, splits)]
+            [np.arange(o, o + sp[3]) for o, sp in zip(offsets, splits, strict=True)]
         )
         group_names = [s.name for s in series] if cfg.group_column else []
         schema = DataSchema(
@@ -244,26 +249,34 @@ class ParquetDataModule(L.LightningDataModule):
             np.repeat(group_of_series, [len(s.target) for s in series]).astype(np.int64)
         )
         static_by_group = np.zeros((max(len(schema.groups), 1), len(schema.static)))
-        for g, s in zip(group_of_series, series):
+        for g, s in zip(group_of_series, series, strict=True):
             static_by_group[g] = (s.static - schema.static_mean) / schema.static_std
         static_t = torch.from_numpy(static_by_group.astype(np.float32))
 
         for i, split in enumerate(("train", "val", "test")):
-            starts = np.concatenate([sp[i] + o for sp, o in zip(splits, offsets)])
+            starts = np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])
             if len(starts) == 0 and (split == "train" or _fraction(cfg, split) > 0):
                 raise DataError(
                     f"the {split} split has no complete window: increase "
                     f"data.{split}_fraction or shorten data.encoder_length/prediction_length"
                 )
             self.datasets[split] = WindowDataset(
-                inputs_t, target_t, group_t, static_t, starts,
-                cfg.encoder_length, cfg.prediction_length, len(schema.known),
+                inputs_t,
+                target_t,
+                group_t,
+                static_t,
+                starts,
+                cfg.encoder_length,
+                cfg.prediction_length,
+                len(schema.known),
                 bool(cfg.group_column),
             )
         self.schema = schema
         log.info(
             "data: %d instruments, %d rows, %d features; windows train/val/test = %d/%d/%d",
-            len(series), len(inputs), schema.num_features,
+            len(series),
+            len(inputs),
+            schema.num_features,
             *(len(self.datasets[s]) for s in ("train", "val", "test")),
         )
 

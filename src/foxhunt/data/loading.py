@@ -82,9 +82,7 @@ def resolve_columns(schema: pa.Schema, cfg: Any) -> tuple[list[str], list[str], 
         wanted.append(target)
         if cfg.features == "all":
             skip = {cfg.time_column, cfg.group_column, target, *known, *static}
-            observed = [
-                f.name for f in schema if f.name not in skip and _is_numeric(f.type)
-            ]
+            observed = [f.name for f in schema if f.name not in skip and _is_numeric(f.type)]
             if not observed:
                 raise DataError("data.features=all found no numeric feature column in the file")
         else:
@@ -203,8 +201,9 @@ def load(cfg: Any) -> Loaded:
                 f"time column '{cfg.time_column}' is not strictly increasing in instrument "
                 f"{name} at its row {i} (of {len(rows)}); sort the file by instrument and time"
             )
-        cols, keep = _handle_non_finite({c: v[rows] for c, v in values.items()},
-                                        cfg.nan_policy, name)
+        cols, keep = _handle_non_finite(
+            {c: v[rows] for c, v in values.items()}, cfg.nan_policy, name
+        )
         t = t[keep]
         if len(t) == 0:
             continue
