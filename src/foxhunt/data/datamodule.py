@@ -207,7 +207,7 @@ class ParquetDataModule(L.LightningDataModule):
         cfg = self.cfg
         series = loaded.series
         splits = [_split_starts(len(s.target), cfg, s.name) for s in series]
-        offsets = np.cumsum([0] + [len(s.target) for s in series])
+        offsets = np.cumsum([0] + [len(s.target) for s in series])[:-1]
         inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
         statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
         train_rows = np.concatenate(
