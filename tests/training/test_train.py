@@ -162,3 +162,22 @@ def test_cli_trains_and_prints_summary_last(tmp_path, table_path):
     assert Path(summary["run_dir"]).resolve().is_relative_to(tmp_path.resolve() / "outputs")
     assert Path(summary["best_checkpoint"]).is_file()
     assert (Path(summary["run_dir"]) / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
+    overrides = [
+        f"data.path={es_sample}",
+        "data.encoder_length=32",
+        "data.prediction_length=4",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=20",
+        "trainer.limit_val_batches=5",
+        "trainer.limit_test_batches=5",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.accelerator=cpu",
+    ]
+    summary = train(compose_train(*overrides), tmp_path / "run")
+    assert summary["num_features"] == 23 and summary["global_step"] == 20
+    assert summary["metrics"]["baseline_test_loss"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -35,6 +36,10 @@ def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
 
 def _logger(cfg: DictConfig, run_dir: Path) -> Logger:
     if cfg.logger.name == "tensorboard":
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                'logger=tensorboard needs tensorboard: pip install -e ".[tensorboard]"'
+            )
         return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="")
     return CSVLogger(save_dir=run_dir, name="csv", version="")
 
