@@ -34,9 +34,6 @@ def tiny_overrides(path: Path, *extra: str) -> list[str]:
         "data.encoder_length=16",
         "data.prediction_length=4",
         "data.batch_size=16",
-        "model.hidden_dim=16",
-        "model.num_heads=2",
-        "model.variable_dim=4",
         "trainer.max_epochs=2",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
@@ -116,7 +113,7 @@ def test_resume_with_other_model_is_refused(tmp_path, table_path):
     overrides = tiny_overrides(
         table_path, "model.hidden_dim=32", f"ckpt_path={first['last_checkpoint']}"
     )
-    with pytest.raises(ConfigError, match="model.hidden_dim=16"):
+    with pytest.raises(ConfigError, match="model.hidden_dim=64"):
         train(compose_train(*overrides), tmp_path / "b")
 
 
