@@ -164,11 +164,12 @@ class TemporalFusionTransformer(nn.Module):
 
         # Static contexts are broadcast over time via a singleton time axis.
         selection_context = self.static_context_variable_selection(static_embedding).unsqueeze(1)
-        encoder_input, encoder_weights = self.encoder_variable_selection(
-            self.prescaler(encoder_real), selection_context
+        prescale = self.prescaler.weight, self.prescaler.bias
+        encoder_input, encoder_weights = self.encoder_variable_selection.forward_scalars(
+            encoder_real, prescale, selection_context
         )
-        decoder_input, decoder_weights = self.decoder_variable_selection(
-            self.prescaler(decoder_real, first=self.num_observed), selection_context
+        decoder_input, decoder_weights = self.decoder_variable_selection.forward_scalars(
+            decoder_real, tuple(p[self.num_observed :] for p in prescale), selection_context
         )
 
         # cuDNN wants contiguous initial states, and expand() alone gives a stride-0 view.
