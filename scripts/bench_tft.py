@@ -1,0 +1,671 @@
+"""Benchmark foxhunt's TFT against pytorch-forecasting's, side by side in one process.
+
+    python scripts/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
+
+Both models see the same synthetic data and shapes. The timed loops alternate (ours, theirs,
+ours, theirs, ...) so that drift of a shared machine (turbo, other jobs) hits both alike. The
+output is a table, then, as the last line, one JSON object with the raw figures.
+
+pytorch-forecasting is optional: `pip install -e ".[bench]"`, or pass --skip-theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor, nn
+
+from foxhunt.config import DataConfig
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.training.metrics import quantile_loss
+
+# pytorch-forecasting and Lightning warn about things that do not matter to a benchmark
+# (nn.Module hyperparameters, dataloader workers, ...); keep stdout to the table and the JSON.
+for _noisy in ("pytorch_forecasting", "lightning", "lightning_fabric", "pytorch_lightning"):
+    warnings.filterwarnings("ignore", module=_noisy)
+warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")
+
+QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
+BATCH_SIZE = 64
+ENCODER_LENGTH = 64
+PREDICTION_LENGTH = 8
+NUM_SERIES = 4
+SERIES_LENGTH = 3000
+LEARNING_RATE = 1e-3
+DROPOUT = 0.1
+MIB = 2**20
+PARAM_TOLERANCE = 0.05  # the two models must be the same size to within this fraction
+MIN_DATAMODULE_BATCHES = 200
+MAX_BATCH_POOL = 64  # batches kept in memory for the timed loops; they are cycled
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark configuration; `encoder_vars` counts as pytorch-forecasting does."""
+
+    encoder_vars: int  # target + (encoder_vars - 2) features + relative time index
+    hidden: int
+    heads: int
+    lstm_layers: int
+    continuous_hidden: int
+    default_steps: int
+    default_eval_batches: int
+
+    @property
+    def num_features(self) -> int:
+        return self.encoder_vars - 2
+
+
+CONFIGS = {
+    "S": Shape(16, 64, 4, 1, 16, default_steps=20, default_eval_batches=20),
+    "B": Shape(225, 256, 8, 2, 256, default_steps=2, default_eval_batches=1),
+}
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so stdout stays the table and the JSON line."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def sync(device: torch.device) -> None:
+    """CUDA runs asynchronously: wait for queued work before reading the clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+def make_frame(shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
+    """Columns time, series, target, f0..: NUM_SERIES series of SERIES_LENGTH steps.
+
+    The target is a unit-variance AR(1) and the features unit-variance noise, so that ours
+    (which standardizes) and theirs (target_normalizer=None) see values of the same scale."""
+    rng = np.random.default_rng(seed)
+    n, phi = SERIES_LENGTH, 0.9
+    cols: dict[str, list[np.ndarray]] = {"time": [], "series": [], "target": []}
+    features = [f"f{i}" for i in range(shape.num_features)]
+    for name in features:
+        cols[name] = []
+    for s in range(NUM_SERIES):
+        shocks = rng.normal(scale=np.sqrt(1 - phi**2), size=n)
+        target = np.empty(n)
+        target[0] = rng.normal()
+        for t in range(1, n):
+            target[t] = phi * target[t - 1] + shocks[t]
+        cols["time"].append(np.arange(n, dtype=np.int64))
+        cols["series"].append(np.full(n, f"s{s}"))
+        cols["target"].append(target.astype(np.float32))
+        block = rng.normal(size=(n, len(features))).astype(np.float32)
+        for i, name in enumerate(features):
+            cols[name].append(block[:, i])
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def feature_names(frame: dict[str, np.ndarray]) -> list[str]:
+    return [c for c in frame if c.startswith("f")]
+
+
+def build_datamodule(
+    frame: dict[str, np.ndarray], workdir: Path
+) -> tuple[ParquetDataModule, float]:
+    """Ours go through foxhunt's own Parquet pipeline; returns the module and its setup time."""
+    path = workdir / "bench.parquet"
+    pq.write_table(pa.table({k: pa.array(v) for k, v in frame.items()}), path)
+    cfg = DataConfig(
+        path=str(path),
+        time_column="time",
+        group_column="series",
+        target="target",
+        features=feature_names(frame),
+        encoder_length=ENCODER_LENGTH,
+        prediction_length=PREDICTION_LENGTH,
+        val_fraction=0.1,
+        test_fraction=0.1,
+        batch_size=BATCH_SIZE,
+    )
+    datamodule = ParquetDataModule(cfg)
+    start = time.perf_counter()
+    datamodule.setup()
+    return datamodule, time.perf_counter() - start
+
+
+def datamodule_windows_per_s(datamodule: ParquetDataModule) -> float:
+    """Windows/s of the train loader alone: whole passes until MIN_DATAMODULE_BATCHES."""
+    windows = batches = 0
+    start = time.perf_counter()
+    while batches < MIN_DATAMODULE_BATCHES:
+        for batch in datamodule.train_dataloader():
+            windows += len(batch["target"])
+            batches += 1
+    return windows / (time.perf_counter() - start)
+
+
+def pool_batches(
+    make_loader: Callable[[], Iterable[Any]], size: Callable[[Any], int], count: int
+) -> list[Any]:
+    """`count` full batches, cycling the loader if one pass has fewer (a ragged last batch
+    would make the per-step work uneven)."""
+    pool: list[Any] = []
+    while len(pool) < count:
+        before = len(pool)
+        for batch in make_loader():
+            if size(batch) == BATCH_SIZE:
+                pool.append(batch)
+                if len(pool) == count:
+                    break
+        if len(pool) == before:
+            raise RuntimeError("the loader yields no full batch")
+    return pool
+
+
+# --- the two contenders -------------------------------------------------------------------
+
+
+@dataclass
+class Contender:
+    """A model, its optimizer and pre-collected device batches, plus the figures measured.
+
+    `predict`, `target` and `tensors` hide the two batch formats: ours is a dict, theirs
+    (x, y) with x pytorch-forecasting's input dict."""
+
+    name: str
+    module: nn.Module  # the eager model: parameters, FLOPs and memory are measured on it
+    predict: Callable[[nn.Module, Any], Tensor]
+    target: Callable[[Any], Tensor]
+    tensors: Callable[[Any], list[Tensor]]
+    batches: list[Any]
+    quantiles: Tensor
+    model: nn.Module = field(init=False)  # what the timed loops call (compiled, maybe)
+    optimizer: torch.optim.Optimizer = field(init=False)
+    cursor: Iterator[Any] = field(init=False)
+    train_runs: list[float] = field(default_factory=list)  # samples/s, one per repeat
+    eval_runs: list[float] = field(default_factory=list)  # ms/batch, one per repeat
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.model = self.module
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=LEARNING_RATE)
+        self.cursor = _cycle(self.batches)
+
+    def forward_backward(self, model: nn.Module | None = None) -> Tensor:
+        batch = next(self.cursor)
+        pred = self.predict(self.model if model is None else model, batch)
+        loss = quantile_loss(pred, self.target(batch), self.quantiles)
+        loss.backward()
+        return loss
+
+    def train_step(self, model: nn.Module | None = None) -> Tensor:
+        loss = self.forward_backward(model)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+
+def _cycle(items: list[Any]) -> Iterator[Any]:
+    while True:
+        yield from items
+
+
+def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def build_ours(
+    shape: Shape, datamodule: ParquetDataModule, pool: int, device: torch.device
+) -> Contender:
+    torch.manual_seed(0)
+    module = TemporalFusionTransformer(
+        num_observed=shape.encoder_vars - 1,  # the target's history + the features
+        num_known=0,  # the model appends the relative time index itself
+        prediction_length=PREDICTION_LENGTH,
+        hidden_dim=shape.hidden,
+        num_heads=shape.heads,
+        lstm_layers=shape.lstm_layers,
+        dropout=DROPOUT,
+        variable_dim=shape.continuous_hidden,
+        quantiles=QUANTILES,
+    ).to(device)
+    batches = pool_batches(datamodule.train_dataloader, lambda b: len(b["target"]), pool)
+    return Contender(
+        name="ours",
+        module=module,
+        predict=lambda model, batch: model(batch),
+        target=lambda batch: batch["target"],
+        tensors=lambda batch: list(batch.values()),
+        batches=[_to(b, device) for b in batches],
+        quantiles=torch.tensor(QUANTILES, device=device),
+    )
+
+
+def import_pytorch_forecasting() -> Any:
+    """Lazy, so that --skip-theirs works without pytorch-forecasting installed."""
+    try:
+        import pytorch_forecasting
+    except ImportError:
+        print('pytorch-forecasting is not installed: pip install -e ".[bench]"', file=sys.stderr)
+        sys.exit(2)
+    return pytorch_forecasting
+
+
+def build_theirs(
+    shape: Shape, frame: dict[str, np.ndarray], pool: int, device: torch.device
+) -> Contender:
+    import pandas as pd
+
+    pf = import_pytorch_forecasting()
+    from pytorch_forecasting.metrics import QuantileLoss
+
+    features = feature_names(frame)
+    dataset = pf.TimeSeriesDataSet(
+        pd.DataFrame(frame),
+        time_idx="time",
+        target="target",
+        group_ids=["series"],
+        max_encoder_length=ENCODER_LENGTH,
+        min_encoder_length=ENCODER_LENGTH,
+        max_prediction_length=PREDICTION_LENGTH,
+        min_prediction_length=PREDICTION_LENGTH,
+        time_varying_unknown_reals=["target", *features],
+        add_relative_time_idx=True,
+        add_target_scales=False,
+        add_encoder_length=False,
+        target_normalizer=None,
+    )
+    torch.manual_seed(0)
+    module = pf.TemporalFusionTransformer.from_dataset(
+        dataset,
+        hidden_size=shape.hidden,
+        attention_head_size=shape.heads,
+        lstm_layers=shape.lstm_layers,
+        hidden_continuous_size=shape.continuous_hidden,
+        dropout=DROPOUT,
+        output_size=len(QUANTILES),
+        loss=QuantileLoss(list(QUANTILES)),
+    ).to(device)
+    batches = pool_batches(
+        lambda: dataset.to_dataloader(train=True, batch_size=BATCH_SIZE, num_workers=0),
+        lambda b: len(b[1][0]),
+        pool,
+    )
+    return Contender(
+        name="theirs",
+        module=module,
+        predict=lambda model, batch: model(batch[0])["prediction"],
+        target=lambda batch: batch[1],
+        tensors=lambda batch: [*batch[0].values(), batch[1]],
+        # (x, (y, weight)) -> (x, y): the weight is None here
+        batches=[(_to(x, device), y[0].to(device)) for x, y in batches],
+        quantiles=torch.tensor(QUANTILES, device=device),
+    )
+
+
+# --- measurements ---------------------------------------------------------------------------
+
+
+def gemm_gflops(device: torch.device, dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """Best of a few ~seconds/4 trials of a square matmul: the machine's practical peak."""
+    n = 2048 if device.type == "cpu" else 8192  # big enough to saturate the chip
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(2):  # warm-up: thread pool, cuBLAS handle and heuristics
+        torch.mm(a, b, out=out)
+    sync(device)
+    start = time.perf_counter()
+    torch.mm(a, b, out=out)
+    sync(device)
+    trials = 4
+    iters = max(1, int(seconds / trials / (time.perf_counter() - start)))
+    best = 0.0
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, b, out=out)
+        sync(device)
+        best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
+    return best / 1e9
+
+
+def count_gflop(c: Contender) -> float:
+    """FLOPs of one forward + backward (the first training step: it also creates the state).
+
+    FlopCounterMode only sees ATen matmuls, so the step runs on the decomposed paths: oneDNN
+    (CPU) and cuDNN (CUDA) LSTMs, and the fused SDPA kernels, would otherwise count as zero."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with ExitStack() as stack:
+        stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+        stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        counter = stack.enter_context(FlopCounterMode(display=False))
+        c.forward_backward(c.module)
+    c.optimizer.step()
+    c.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / 1e9
+
+
+_BREAKDOWN_LABELS = {
+    "Parameter": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Buffer": "buffers",
+    "Other": "other (inputs, ...)",
+}
+
+
+def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, float] | None]:
+    """Peak MiB of one training step once the optimizer state exists, and its breakdown.
+
+    MemTracker attributes every live tensor (parameters, gradients, optimizer state,
+    activations saved for backward, temporaries); on CUDA the allocator's own peak is the total
+    and MemTracker, where it works, only adds the breakdown."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    breakdown: dict[str, float] | None = None
+    total: float | None = None
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        c.train_step(c.module)
+        sync(device)
+        total = torch.cuda.max_memory_allocated(device) / MIB
+    try:
+        tracker = MemTracker()
+        tracker.track_external(c.module, c.optimizer, *c.tensors(c.batches[0]))
+        with tracker:
+            c.train_step(c.module)
+        snapshot = tracker.get_tracker_snapshot("peak")
+        per_device = snapshot.get(device, snapshot.get(torch.device(device.type, 0), {}))
+        mib = {getattr(k, "value", str(k)): v / MIB for k, v in per_device.items()}
+        breakdown = {label: mib.get(key, 0.0) for key, label in _BREAKDOWN_LABELS.items()}
+        if total is None:
+            total = mib["Total"]
+    except Exception as exc:  # a breakdown is a bonus; the CUDA total stands
+        if total is None:
+            raise
+        log(f"MemTracker failed on {device.type} ({type(exc).__name__}: {exc}); no breakdown")
+    return total, breakdown
+
+
+def time_training(c: Contender, warmup: int, steps: int, device: torch.device) -> float:
+    """Training samples/s of a plain loop over pre-collected batches, after warm-up steps."""
+    c.model.train()
+    for _ in range(warmup):
+        c.train_step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        c.train_step()
+    sync(device)
+    return steps * BATCH_SIZE / (time.perf_counter() - start)
+
+
+def time_eval(c: Contender, batches: int, device: torch.device) -> float:
+    """Mean eval forward ms per batch after one warm-up batch."""
+    c.model.eval()
+    try:
+        with torch.no_grad():
+            c.predict(c.model, next(c.cursor))
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(batches):
+                c.predict(c.model, next(c.cursor))
+            sync(device)
+            return (time.perf_counter() - start) * 1000 / batches
+    finally:
+        c.model.train()
+
+
+def try_compile(c: Contender) -> str | None:
+    """torch.compile ours; on failure (no compiler, graph break errors) stay eager and say why.
+
+    The first compiled step runs here, so compilation never lands in a timed loop."""
+    try:
+        c.model = torch.compile(c.module)
+        c.train_step()
+        return None
+    except Exception as exc:  # any compile failure is reported, not fatal
+        c.model = c.module
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(c: Contender, gemm: float) -> dict[str, Any]:
+    f = c.figures
+    train = statistics.median(c.train_runs)
+    achieved = f["gflop_per_step"] * train / BATCH_SIZE  # GFLOP/step x steps/s
+    return {
+        "params": c.params,
+        "train_samples_per_s": train,
+        "train_samples_per_s_runs": c.train_runs,
+        "eval_ms_per_batch": statistics.median(c.eval_runs),
+        "eval_ms_per_batch_runs": c.eval_runs,
+        "peak_mib": f["peak_mib"],
+        "peak_breakdown_mib": f["peak_breakdown_mib"],
+        "gflop_per_step": f["gflop_per_step"],
+        "achieved_gflops": achieved,
+        "gemm_fraction": achieved / gemm,
+    }
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    ours, theirs = result["ours"], result["theirs"] or {}
+    g = result["gemm_gflops"]
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def row(label: str, key: str, fmt: str, ratio: float | None = None, meaning: str = "") -> None:
+        rows.append(
+            (
+                label,
+                _cell(ours.get(key), fmt),
+                _cell(theirs.get(key), fmt),
+                _cell(ratio, ".3f"),
+                meaning if ratio is not None else "",
+            )
+        )
+
+    row("parameters", "params", ",d", result["param_ratio"], "ours/theirs")
+    row("train samples/s", "train_samples_per_s", ".1f", result["train_speedup"], "speedup")
+    row("eval ms/batch", "eval_ms_per_batch", ".2f", result["eval_speedup"], "speedup")
+    row("peak train-step MiB", "peak_mib", ".1f", result["memory_ratio"], "ours/theirs")
+    for label in _BREAKDOWN_LABELS.values():
+        o = (ours["peak_breakdown_mib"] or {}).get(label)
+        t = (theirs.get("peak_breakdown_mib") or {}).get(label)
+        rows.append((f"  {label}", _cell(o, ".1f"), _cell(t, ".1f"), "", ""))
+    for label, key in (
+        ("GFLOP/step (fwd+bwd)", "gflop_per_step"),
+        ("achieved GFLOP/s", "achieved_gflops"),
+        ("fraction of matmul rate", "gemm_fraction"),
+    ):
+        fmt = ".3f" if key == "gemm_fraction" else ".2f"
+        row(label, key, fmt, _ratio(ours.get(key), theirs.get(key)), "ours/theirs")
+
+    header = (
+        f"TFT benchmark: config {result['config']}, device {result['device']}, "
+        f"torch {result['torch']}, {result['threads']} threads; median of {result['repeats']} "
+        f"repeats of {result['steps']} steps (batch {BATCH_SIZE}), "
+        f"{result['eval_batches']} eval batches"
+    )
+    print(header)
+    gemm_line = f"matmul fp32: {g:.1f} GFLOP/s"
+    if result.get("gemm_bf16_gflops"):
+        gemm_line += f", bf16: {result['gemm_bf16_gflops']:.1f} GFLOP/s"
+    print(gemm_line)
+    if result["compile"]:
+        print(f"ours compiled: {result['compile_error'] or 'yes'} (memory and FLOPs: eager)")
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [
+        max(w, len(h)) for w, h in zip(widths, ("", "ours", "theirs", "ratio", ""), strict=True)
+    ]
+    print(
+        f"{'':<{widths[0]}}  {'ours':>{widths[1]}}  {'theirs':>{widths[2]}}  {'ratio':>{widths[3]}}"
+    )
+    for r in rows:
+        print(
+            f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  "
+            f"{r[3]:>{widths[3]}}  {r[4]}".rstrip()
+        )
+    print(
+        f"DataModule train loader: {result['datamodule_windows_per_s']:.0f} windows/s = "
+        f"{result['datamodule_vs_train']:.1f}x ours' training samples/s "
+        f"(setup {result['datamodule_setup_s']:.2f} s)"
+    )
+    cores, load = result["cpu_count"] or 1, max(result["load_avg"])
+    if load > cores:
+        print(
+            f"NOTE: load average {load:.1f} on {cores} cores: other work shared the CPU, so "
+            "the figures are noisy (oversubscribed OpenMP threads slow down a lot: try --threads 1)"
+        )
+    if result["param_warning"]:
+        print(result["param_warning"])
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before each timing")
+    p.add_argument("--steps", type=int, help="timed training steps per repeat (S 20, B 2)")
+    p.add_argument("--eval-batches", type=int, help="timed eval batches per repeat (S 20, B 1)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--skip-theirs", action="store_true", help="only ours; ratios are null")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: as is)")
+    p.add_argument("--compile", action="store_true", help="wrap ours in torch.compile")
+    args = p.parse_args(argv)
+    shape = CONFIGS[args.config]
+    args.steps = shape.default_steps if args.steps is None else args.steps
+    args.eval_batches = (
+        shape.default_eval_batches if args.eval_batches is None else args.eval_batches
+    )
+    if min(args.steps, args.eval_batches, args.repeats) < 1 or args.warmup < 0:
+        p.error("--steps, --eval-batches and --repeats must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: CUDA is not available", file=sys.stderr)
+        sys.exit(2)
+    if not args.skip_theirs:
+        import_pytorch_forecasting()  # fail fast, before minutes of work
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    shape = CONFIGS[args.config]
+    pool = min(max(args.warmup + args.steps, args.eval_batches + 1), MAX_BATCH_POOL)
+
+    load_start = os.getloadavg()[0]
+    log(f"building data and models for config {args.config} ...")
+    frame = make_frame(shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        datamodule, setup_s = build_datamodule(frame, Path(tmp))  # setup() reads it all
+    contenders = [build_ours(shape, datamodule, pool, device)]
+    if not args.skip_theirs:
+        contenders.append(build_theirs(shape, frame, pool, device))
+
+    gemm = gemm_gflops(device, torch.float32)
+    gemm_bf16 = gemm_gflops(device, torch.bfloat16) if device.type == "cuda" else None
+    dm_rate = datamodule_windows_per_s(datamodule)
+
+    compile_error: str | None = None
+    for c in contenders:
+        log(f"{c.name}: FLOP count and memory steps ...")
+        c.figures["gflop_per_step"] = count_gflop(c)  # also the step creating AdamW's state
+        c.figures["peak_mib"], c.figures["peak_breakdown_mib"] = peak_memory(c, device)
+        if args.compile and c.name == "ours":
+            compile_error = try_compile(c)
+            if compile_error:
+                print(f"WARNING: torch.compile failed, ours runs eagerly: {compile_error}")
+
+    # Alternate so that machine drift (other jobs, clocks) spreads over both alike.
+    for r in range(args.repeats):
+        for c in contenders:
+            log(f"repeat {r + 1}/{args.repeats}: {c.name} ...")
+            c.train_runs.append(time_training(c, args.warmup, args.steps, device))
+            c.eval_runs.append(time_eval(c, args.eval_batches, device))
+
+    ours = summarize(contenders[0], gemm)
+    theirs = summarize(contenders[1], gemm) if len(contenders) > 1 else None
+    param_ratio = _ratio(ours["params"], theirs["params"]) if theirs else None
+    param_warning = None
+    if param_ratio is not None and abs(param_ratio - 1) > PARAM_TOLERANCE:
+        param_warning = (
+            f"WARNING: parameter counts differ by more than {PARAM_TOLERANCE:.0%}: "
+            f"ours {ours['params']:,} vs theirs {theirs['params']:,}; the comparison is unfair"
+        )
+    result: dict[str, Any] = {
+        "config": args.config,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        # 1-min load average at start and end: above cpu_count, other work shared the CPU
+        "load_avg": [load_start, os.getloadavg()[0]],
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "eval_batches": args.eval_batches,
+        "compile": args.compile,
+        "compile_error": compile_error,
+        "param_ratio": param_ratio,
+        "param_warning": param_warning,
+        "train_speedup": _ratio(
+            ours["train_samples_per_s"], theirs and theirs["train_samples_per_s"]
+        ),
+        "eval_speedup": _ratio(theirs and theirs["eval_ms_per_batch"], ours["eval_ms_per_batch"]),
+        "memory_ratio": _ratio(ours["peak_mib"], theirs and theirs["peak_mib"]),
+        "gemm_gflops": gemm,
+        "gemm_bf16_gflops": gemm_bf16,
+        "datamodule_windows_per_s": dm_rate,
+        "datamodule_setup_s": setup_s,
+        "datamodule_vs_train": dm_rate / ours["train_samples_per_s"],
+        "ours": ours,
+        "theirs": theirs,
+    }
+    print_table(result)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
