@@ -63,6 +63,8 @@ class ModelConfig:
     dropout: float = 0.1
     variable_dim: int = 16  # width of each variable's own network (pf: hidden_continuous_size)
     quantiles: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    # torch.compile the model (inductor); not part of the architecture, so resume may toggle it
+    compile: bool = False
 
 
 @dataclass

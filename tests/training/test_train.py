@@ -178,3 +178,30 @@ def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
     summary = train(compose_train(*overrides), tmp_path / "run")
     assert summary["num_features"] == 23 and summary["global_step"] == 20
     assert summary["metrics"]["baseline_test_loss"] > 0
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_resumes_eager(tmp_path, table_path):
+    first = train(
+        compose_train(
+            *tiny_overrides(
+                table_path,
+                "model.compile=true",
+                "trainer.max_epochs=1",
+                "trainer.limit_train_batches=3",
+                "trainer.limit_val_batches=1",
+                "trainer.limit_test_batches=1",
+            )
+        ),
+        tmp_path / "a",
+    )
+    assert first["global_step"] > 0
+    resumed = train(
+        compose_train(
+            *tiny_overrides(
+                table_path, "trainer.max_epochs=2", f"ckpt_path={first['last_checkpoint']}"
+            )
+        ),
+        tmp_path / "b",
+    )
+    assert resumed["epochs"] == 2

@@ -43,6 +43,8 @@ class TFTModule(L.LightningModule):
         self.save_hyperparameters()
         self.schema = DataSchema.from_dict(schema)
         self.model = build_model(model, self.schema)
+        if model.get("compile"):
+            self.model.compile()  # in place: parameter names (and checkpoints) stay the same
         quantiles = list(model["quantiles"])
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
         self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))

@@ -20,6 +20,7 @@ from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.training.module import TFTModule
 
 log = logging.getLogger(__name__)
+RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
 
 
 def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
@@ -55,7 +56,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.ckpt_path:
         ckpt_path, hparams = read_checkpoint_hparams(cfg.ckpt_path)
         schema = DataSchema.from_dict(hparams["schema"])
-        changed = [k for k in model_cfg if hparams["model"].get(k) != model_cfg[k]]
+        changed = [
+            k
+            for k in model_cfg
+            if k not in RUNTIME_MODEL_KEYS and hparams["model"].get(k) != model_cfg[k]
+        ]
         if changed:
             raise ConfigError(
                 "the checkpoint was trained with a different model: "
