@@ -5,13 +5,16 @@ Why not plain autograd: it keeps about eight [rows, variables, hidden] tensors p
 backward (fc1, ELU, fc2, GLU, add and LayerNorm outputs); with tft_base's 225 variables each of
 them is about a gigabyte. This keeps two (the fc2 output and the GLU pre-activation), recomputes
 the elementwise parts in backward, and processes the variables in chunks, so the [rows, variables,
-hidden] intermediates exist only a chunk at a time. It also skips the fc1 matmul: a continuous
-variable's embedding is the scalar x times a vector w plus b, so fc1(x w + b) = x (w W1) +
-(b W1 + b1), an elementwise affine map (the caller folds w, b and W1 into A and C).
+hidden] intermediates exist only a chunk at a time.
+
+It also uses that a continuous variable's embedding is a scalar x times a vector w plus b:
+- fc1(x w + b) = x (w W1) + (b W1 + b1), so fc1 is an elementwise affine map (A and C below);
+- the skip x P + Q, layer-normalised when resampled, is R0 + u R1 + v R2 with per-row scalars
+  u = x / std, v = 1 / std (std of x P + Q over its features, from a few per-variable moments)
+  and vectors R1 = (P - mean P) gamma, R2 = (Q - mean Q) gamma, R0 = beta: no LayerNorm pass.
 
 Per variable j (rows m): h1 = x A_j + C_j; a = ELU(h1); f = dropout(a W2_j + b2_j);
-g = f Wg_j + bg_j; z = GLU(g) + r_j(x); y = LayerNorm_j(z); out_m = sum_j s_mj y_mj,
-where the skip r_j(x) = x P_j + Q_j, layer-normalised when the caller resampled it.
+g = f Wg_j + bg_j; z = GLU(g) + r_j; y = LayerNorm_j(z); out_m = sum_j s_mj y_mj.
 """
 
 from __future__ import annotations
@@ -53,15 +56,19 @@ def _normalize_backward(d_xhat: Tensor, z: Tensor, mean: Tensor, rstd: Tensor) -
     )[0]
 
 
-def _skip(xc: Tensor, P: Tensor, Q: Tensor, gamma: Tensor | None, beta: Tensor | None):
-    """The skip x P + Q of a chunk, layer-normalised when gamma is given.
+def _gated_sum(g: Tensor, u: Tensor, R1: Tensor, v: Tensor | None, R2: Tensor | None,
+               R0: Tensor) -> Tensor:
+    """z = GLU(g) + R0 + u R1 (+ v R2) for a chunk, built in place."""
+    z = F.glu(g, dim=-1).add_(R0.unsqueeze(1)).addcmul_(u.unsqueeze(-1), R1.unsqueeze(1))
+    return z if v is None else z.addcmul_(v.unsqueeze(-1), R2.unsqueeze(1))
 
-    Returns (r, pre-norm skip, mean, 1/std); the last three are None without the norm."""
-    pre = torch.addcmul(Q.unsqueeze(1), xc, P.unsqueeze(1))
-    if gamma is None:
-        return pre, None, None, None
-    xhat, mean, rstd = _normalize(pre)
-    return _affine(xhat, gamma, beta), pre, mean, rstd
+
+def _col(t: Tensor) -> Tensor:
+    return t.unsqueeze(-1)
+
+
+def _row(t: Tensor) -> Tensor:
+    return t.unsqueeze(1)
 
 
 class _SelectedGRNs(torch.autograd.Function):
@@ -76,11 +83,12 @@ class _SelectedGRNs(torch.autograd.Function):
         b2: Tensor,  # [n, dh]
         Wg: Tensor,  # [n, dh, 2h]
         bg: Tensor,  # [n, 2h]
-        P: Tensor,  # [n, h]
-        Q: Tensor,  # [n, h]
-        skip_gamma: Tensor | None,  # [n, h] when the skip is layer-normalised
-        skip_beta: Tensor | None,
-        gamma: Tensor,  # [n, h]
+        u: Tensor,  # [n, M] skip coefficients
+        v: Tensor | None,  # [n, M]
+        R0: Tensor,  # [n, h] skip vectors
+        R1: Tensor,
+        R2: Tensor | None,
+        gamma: Tensor,  # [n, h] output LayerNorm
         beta: Tensor,
         dropout: float,
         save: bool,
@@ -94,141 +102,89 @@ class _SelectedGRNs(torch.autograd.Function):
         g_all = x.new_empty(n, rows, 2 * h) if save else None
         keep_all = x.new_empty(n, rows, dh, dtype=torch.bool) if save and dropout else None
         for c in _chunks(n, rows * 2 * h):
-            xc = x[c].unsqueeze(-1)
-            a = F.elu(torch.addcmul(C[c].unsqueeze(1), xc, A[c].unsqueeze(1)))
-            f = torch.baddbmm(b2[c].unsqueeze(1), a, W2[c], out=None if f_all is None else f_all[c])
+            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+            f = torch.baddbmm(_row(b2[c]), a, W2[c], out=None if f_all is None else f_all[c])
             if dropout:
                 keep = torch.empty_like(f, dtype=torch.bool).bernoulli_(1.0 - dropout)
                 f.mul_(keep)
                 if keep_all is not None:
                     keep_all[c] = keep
             g = torch.baddbmm(
-                bg[c].unsqueeze(1), f, Wg[c], alpha=scale, out=None if g_all is None else g_all[c]
+                _row(bg[c]), f, Wg[c], alpha=scale, out=None if g_all is None else g_all[c]
             )
-            r = _skip(xc, P[c], Q[c], *_rows(c, skip_gamma, skip_beta))[0]
-            y = _affine(_normalize(F.glu(g, dim=-1).add_(r))[0], gamma[c], beta[c])
-            out += y.mul_(s[c].unsqueeze(-1)).sum(0)  # (an einsum would copy y to [M, c, h])
+            z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
+            y = _affine(_normalize(z)[0], gamma[c], beta[c])
+            out += y.mul_(_col(s[c])).sum(0)  # (an einsum would copy y to [M, c, h])
         if save:
-            ctx.save_for_backward(
-                x,
-                s,
-                A,
-                C,
-                W2,
-                Wg,
-                P,
-                Q,
-                skip_gamma,
-                skip_beta,
-                gamma,
-                beta,
-                f_all,
-                g_all,
-                keep_all,
-            )
+            ctx.save_for_backward(x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta,
+                                  f_all, g_all, keep_all)
             ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        (x, s, A, C, W2, Wg, P, Q, skip_gamma, skip_beta, gamma, beta, f_all, g_all, keep_all) = (
-            ctx.saved_tensors
-        )
+        (x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta,
+         f_all, g_all, keep_all) = ctx.saved_tensors
         n, rows = x.shape
         h = gamma.shape[-1]
-        zeros = {
-            name: None if t is None else torch.zeros_like(t)
-            for name, t in (
-                ("A", A),
-                ("C", C),
-                ("W2", W2),
-                ("Wg", Wg),
-                ("P", P),
-                ("Q", Q),
-                ("skip_gamma", skip_gamma),
-                ("skip_beta", skip_beta),
-                ("gamma", gamma),
-                ("beta", beta),
-            )
-        }
-        grads = zeros
+
+        def like(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.empty_like(t)
+
         d_x = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
-        d_s = torch.empty_like(s)
+        d_s, d_A, d_C, d_W2, d_Wg = like(s), like(A), like(C), like(W2), like(Wg)
+        d_u, d_v, d_R0, d_R1, d_R2 = like(u), like(v), like(R0), like(R1), like(R2)
+        d_gamma, d_beta = like(gamma), like(beta)
         d_b2 = x.new_empty(W2.shape[0], W2.shape[-1])
         d_bg = x.new_empty(Wg.shape[0], Wg.shape[-1])
         for c in _chunks(n, rows * 2 * h):
-            xc = x[c].unsqueeze(-1)
             g = g_all[c]
-            r, skip_pre, skip_mean, skip_rstd = _skip(
-                xc, P[c], Q[c], *_rows(c, skip_gamma, skip_beta)
-            )
-            z = F.glu(g, dim=-1).add_(r)
+            z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
             xhat, mean, rstd = _normalize(z)
 
-            # the weighted sum and the output LayerNorm
-            d_s[c] = (_affine(xhat, gamma[c], beta[c]) * d_out).sum(-1)
-            d_y = s[c].unsqueeze(-1) * d_out
-            grads["gamma"][c] = (d_y * xhat).sum(1)
-            grads["beta"][c] = d_y.sum(1)
-            d_z = _normalize_backward(d_y.mul_(gamma[c].unsqueeze(1)), z, mean, rstd)
-            del d_y, xhat, z
+            # the weighted sum and the output LayerNorm; reductions as matmuls where possible
+            e = xhat * d_out
+            sc = s[c]
+            torch.bmm(_row(sc), e, out=_row(d_gamma[c]))
+            torch.mm(sc, d_out, out=d_beta[c])
+            d_s[c] = torch.bmm(e, _col(gamma[c])).squeeze(-1) + (d_out @ beta[c].t()).t()
+            del e
+            d_xhat = (_col(sc) * d_out).mul_(_row(gamma[c]))
+            d_z = _normalize_backward(d_xhat, z, mean, rstd)
+            del d_xhat, xhat, z
 
-            # the skip x P + Q, normalised or not
-            d_pre = d_z
-            if skip_gamma is not None:
-                skip_xhat = (skip_pre - skip_mean) * skip_rstd
-                grads["skip_gamma"][c] = (d_z * skip_xhat).sum(1)
-                grads["skip_beta"][c] = d_z.sum(1)
-                d_pre = _normalize_backward(
-                    d_z * skip_gamma[c].unsqueeze(1), skip_pre, skip_mean, skip_rstd
-                )
-            grads["P"][c] = (d_pre * xc).sum(1)
-            grads["Q"][c] = d_pre.sum(1)
-            if d_x is not None:
-                d_x[c] = (d_pre * P[c].unsqueeze(1)).sum(-1)
+            # the skip R0 + u R1 + v R2
+            torch.sum(d_z, 1, out=d_R0[c])
+            torch.bmm(_row(u[c]), d_z, out=_row(d_R1[c]))
+            torch.bmm(d_z, _col(R1[c]), out=_col(d_u[c]))
+            if v is not None:
+                torch.bmm(_row(v[c]), d_z, out=_row(d_R2[c]))
+                torch.bmm(d_z, _col(R2[c]), out=_col(d_v[c]))
 
             # GLU and its projection
             d_g = torch.ops.aten.glu_backward(d_z, g, -1)
-            del d_z, d_pre
-            f = f_all[c]
-            torch.bmm(f.transpose(1, 2), d_g, out=grads["Wg"][c]).mul_(ctx.scale)
-            d_bg[c] = d_g.sum(1)
+            del d_z
+            torch.bmm(f_all[c].transpose(1, 2), d_g, out=d_Wg[c]).mul_(ctx.scale)
+            torch.sum(d_g, 1, out=d_bg[c])
             d_f = torch.bmm(d_g, Wg[c].transpose(1, 2)).mul_(ctx.scale)
             del d_g
             if keep_all is not None:
                 d_f.mul_(keep_all[c])
 
             # fc2, ELU and the folded fc1, recomputed from x
-            h1 = torch.addcmul(C[c].unsqueeze(1), xc, A[c].unsqueeze(1))
-            a = F.elu(h1)
-            torch.bmm(a.transpose(1, 2), d_f, out=grads["W2"][c])
-            d_b2[c] = d_f.sum(1)
+            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+            torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
+            torch.sum(d_f, 1, out=d_b2[c])
             d_h1 = torch.ops.aten.elu_backward(
                 torch.bmm(d_f, W2[c].transpose(1, 2)), 1.0, 1.0, 1.0, True, a
             )
-            grads["A"][c] = (d_h1 * xc).sum(1)
-            grads["C"][c] = d_h1.sum(1)
+            torch.bmm(_row(x[c]), d_h1, out=_row(d_A[c]))
+            torch.sum(d_h1, 1, out=d_C[c])
             if d_x is not None:
-                d_x[c] += (d_h1 * A[c].unsqueeze(1)).sum(-1)
+                d_x[c] = torch.bmm(d_h1, _col(A[c])).squeeze(-1)
 
-        return (
-            d_x,
-            d_s,
-            grads["A"],
-            grads["C"],
-            grads["W2"],
-            d_b2,
-            grads["Wg"],
-            d_bg,
-            grads["P"],
-            grads["Q"],
-            grads["skip_gamma"],
-            grads["skip_beta"],
-            grads["gamma"],
-            grads["beta"],
-            None,
-            None,
-        )
+        return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2,
+                d_gamma, d_beta, None, None)
 
 
 def selected_grns(
@@ -246,12 +202,23 @@ def selected_grns(
     norm: tuple[Tensor, Tensor],
     dropout: float,
 ) -> Tensor:
-    """sum_j s[..., j] * GRN_j(x[..., j]) for scalar inputs x, s: [..., n] -> [..., h]."""
+    """sum_j s[..., j] * GRN_j(x[..., j]) for scalar inputs x, s: [..., n] -> [..., h].
+
+    The skip of variable j is x P_j + Q_j, layer-normalised with skip_norm when given."""
     lead = x.shape[:-1]
     n = x.shape[-1]
     xt = x.reshape(-1, n).t().contiguous()
     st = s.reshape(-1, n).t().contiguous()
-    tensors = (xt, st, A, C, W2, b2, Wg, bg, P, Q, *(skip_norm or (None, None)), *norm)
+    if skip_norm is None:
+        u, v, R0, R1, R2 = xt, None, Q, P, None
+    else:
+        # LayerNorm(x P + Q) from the moments of the centred P and Q: no [M, n, h] pass
+        Pc, Qc = P - P.mean(-1, keepdim=True), Q - Q.mean(-1, keepdim=True)
+        var_p, cov, var_q = (Pc * Pc).mean(-1), (Pc * Qc).mean(-1), (Qc * Qc).mean(-1)
+        rstd = torch.rsqrt(xt * xt * _col(var_p) + 2 * xt * _col(cov) + _col(var_q) + LN_EPS)
+        gamma_skip, R0 = skip_norm
+        u, v, R1, R2 = xt * rstd, rstd, Pc * gamma_skip, Qc * gamma_skip
+    tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     out = _SelectedGRNs.apply(*tensors, dropout, save)
     return out.reshape(*lead, out.shape[-1])
