@@ -56,8 +56,9 @@ def _normalize_backward(d_xhat: Tensor, z: Tensor, mean: Tensor, rstd: Tensor) -
     )[0]
 
 
-def _gated_sum(g: Tensor, u: Tensor, R1: Tensor, v: Tensor | None, R2: Tensor | None,
-               R0: Tensor) -> Tensor:
+def _gated_sum(
+    g: Tensor, u: Tensor, R1: Tensor, v: Tensor | None, R2: Tensor | None, R0: Tensor
+) -> Tensor:
     """z = GLU(g) + R0 + u R1 (+ v R2) for a chunk, built in place."""
     z = F.glu(g, dim=-1).add_(R0.unsqueeze(1)).addcmul_(u.unsqueeze(-1), R1.unsqueeze(1))
     return z if v is None else z.addcmul_(v.unsqueeze(-1), R2.unsqueeze(1))
@@ -116,15 +117,17 @@ class _SelectedGRNs(torch.autograd.Function):
             y = _affine(_normalize(z)[0], gamma[c], beta[c])
             out += y.mul_(_col(s[c])).sum(0)  # (an einsum would copy y to [M, c, h])
         if save:
-            ctx.save_for_backward(x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta,
-                                  f_all, g_all, keep_all)
+            ctx.save_for_backward(
+                x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
+            )
             ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        (x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta,
-         f_all, g_all, keep_all) = ctx.saved_tensors
+        (x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all) = (
+            ctx.saved_tensors
+        )
         n, rows = x.shape
         h = gamma.shape[-1]
 
@@ -183,8 +186,25 @@ class _SelectedGRNs(torch.autograd.Function):
             if d_x is not None:
                 d_x[c] = torch.bmm(d_h1, _col(A[c])).squeeze(-1)
 
-        return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2,
-                d_gamma, d_beta, None, None)
+        return (
+            d_x,
+            d_s,
+            d_A,
+            d_C,
+            d_W2,
+            d_b2,
+            d_Wg,
+            d_bg,
+            d_u,
+            d_v,
+            d_R0,
+            d_R1,
+            d_R2,
+            d_gamma,
+            d_beta,
+            None,
+            None,
+        )
 
 
 def selected_grns(
