@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Elements per intermediate tensor of one chunk: large enough for efficient matmuls, small
-# enough that a chunk's temporaries stay in the tens of megabytes.
-CHUNK_ELEMENTS = 8 * 1024 * 1024
+# Elements per intermediate tensor of one chunk. Small enough that a chunk's dozen elementwise
+# passes run mostly in cache: measured on 2 CPU cores, 1M against 8M made a training step 20%
+# faster at bench config S (16 variables) and 15% at B (225), and evaluation 45% / 12% faster.
+CHUNK_ELEMENTS = 1024 * 1024
 LN_EPS = 1e-5
 
 
