@@ -81,51 +81,67 @@ _T_DOF = 5.0
 _BRIDGE_STEPS = 8
 
 
-def _vol_shape(m: np.ndarray) -> np.ndarray:
-    """Relative volatility by minute of the UTC day (bar midpoint)."""
+# Intraday shape by minute of the UTC day, as (base, bump, decay minutes) per session segment:
+# the Globex reopen (22:00 UTC), the Asian morning, Europe (from 07:00), the 12:30 US data bump,
+# the US cash session's U between the 13:30 open and the 20:00 close, and the post-close hour.
+_VOL_SHAPE = {
+    "other": 0.30,
+    "reopen": (0.30, 0.30, 15.0),
+    "asia": (0.28, 0.12, 90.0),
+    "europe": (0.45, 0.35, 45.0),
+    "data": (1.20, 8.0),
+    "cash": (0.80, 1.80, 25.0, 1.00, 20.0),
+    "post": (0.40, 0.60, 10.0),
+}
+# Volume has a stronger U-shape than volatility.
+_VOLUME_SHAPE = {
+    "other": 0.06,
+    "reopen": (0.06, 0.12, 15.0),
+    "asia": (0.05, 0.04, 90.0),
+    "europe": (0.15, 0.15, 45.0),
+    "data": (0.50, 10.0),
+    "cash": (0.90, 2.50, 20.0, 2.00, 15.0),
+    "post": (0.12, 0.50, 8.0),
+}
+
+
+def _intraday_shape(m: np.ndarray, shape: dict) -> np.ndarray:
+    """Relative intensity by minute of the UTC day (bar midpoint) for one of the shapes above."""
     m = np.asarray(m, dtype=np.float64)
-    out = np.full(m.shape, 0.30)
-    # Globex reopen (22:00 UTC) and the Asian morning.
+    out = np.full(m.shape, shape["other"])
+    base, bump, decay = shape["reopen"]
     reopen = m >= 1320
-    out[reopen] = 0.30 + 0.30 * np.exp(-(m[reopen] - 1320) / 15.0)
+    out[reopen] = base + bump * np.exp(-(m[reopen] - 1320) / decay)
+    base, bump, decay = shape["asia"]
     asia = m < 420
-    out[asia] = 0.28 + 0.12 * np.exp(-np.abs(m[asia] - 60) / 90.0)
-    # European session with an opening bump at 07:00 UTC.
+    out[asia] = base + bump * np.exp(-np.abs(m[asia] - 60) / decay)
+    base, bump, decay = shape["europe"]
     europe = (m >= 420) & (m < 810)
-    out[europe] = 0.45 + 0.35 * np.exp(-(m[europe] - 420) / 45.0)
-    # 8:30 ET (12:30 UTC) US economic data.
+    out[europe] = base + bump * np.exp(-(m[europe] - 420) / decay)
+    bump, decay = shape["data"]
     data = (m >= 750) & (m < 810)
-    out[data] += 1.20 * np.exp(-(m[data] - 750) / 8.0)
-    # US cash session: U-shape between the 13:30 open and the 20:00 close.
+    out[data] += bump * np.exp(-(m[data] - 750) / decay)
+    base, bump, decay, close_bump, close_decay = shape["cash"]
     cash = (m >= 810) & (m < 1200)
     out[cash] = (
-        0.80 + 1.80 * np.exp(-(m[cash] - 810) / 25.0) + 1.00 * np.exp(-(1200 - m[cash]) / 20.0)
+        base
+        + bump * np.exp(-(m[cash] - 810) / decay)
+        + close_bump * np.exp(-(1200 - m[cash]) / close_decay)
     )
-    # After the cash close until the maintenance break.
+    base, bump, decay = shape["post"]
     post = (m >= 1200) & (m < 1260)
-    out[post] = 0.40 + 0.60 * np.exp(-(m[post] - 1200) / 10.0)
+    out[post] = base + bump * np.exp(-(m[post] - 1200) / decay)
     return out
+
+
+def _vol_shape(m: np.ndarray) -> np.ndarray:
+    """Relative volatility by minute of the UTC day (bar midpoint)."""
+    return _intraday_shape(m, _VOL_SHAPE)
 
 
 def _volume_shape(m: np.ndarray) -> np.ndarray:
-    """Relative volume by minute of the UTC day (bar midpoint); stronger U-shape than volatility."""
-    m = np.asarray(m, dtype=np.float64)
-    out = np.full(m.shape, 0.06)
-    reopen = m >= 1320
-    out[reopen] = 0.06 + 0.12 * np.exp(-(m[reopen] - 1320) / 15.0)
-    asia = m < 420
-    out[asia] = 0.05 + 0.04 * np.exp(-np.abs(m[asia] - 60) / 90.0)
-    europe = (m >= 420) & (m < 810)
-    out[europe] = 0.15 + 0.15 * np.exp(-(m[europe] - 420) / 45.0)
-    data = (m >= 750) & (m < 810)
-    out[data] += 0.50 * np.exp(-(m[data] - 750) / 10.0)
-    cash = (m >= 810) & (m < 1200)
-    out[cash] = (
-        0.90 + 2.50 * np.exp(-(m[cash] - 810) / 20.0) + 2.00 * np.exp(-(1200 - m[cash]) / 15.0)
-    )
-    post = (m >= 1200) & (m < 1260)
-    out[post] = 0.12 + 0.50 * np.exp(-(m[post] - 1200) / 8.0)
-    return out
+    """Relative volume by minute of the UTC day (bar midpoint)."""
+    return _intraday_shape(m, _VOLUME_SHAPE)
 
 
 def _symbol(year: int, month: int) -> str:
