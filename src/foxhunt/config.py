@@ -27,6 +27,7 @@ class OhlcvConfig:
     volume_windows: list[int] = field(default_factory=lambda: [12, 48, 96])
     range_windows: list[int] = field(default_factory=lambda: [1, 12])
     location_windows: list[int] = field(default_factory=lambda: [1, 12])
+    momentum_windows: list[int] = field(default_factory=list)
     calendar: bool = True
     # Total number of derived features; families are extended on a grid to reach it (225 = seed).
     num_features: int | None = None

@@ -104,14 +104,14 @@ class WindowDataset(Dataset):
         target: torch.Tensor,
         group: torch.Tensor,
         static_real: torch.Tensor,
+        known: torch.Tensor,
         starts: np.ndarray,
         encoder_length: int,
         prediction_length: int,
-        num_known: int,
         has_groups: bool,
     ) -> None:
         self.inputs = inputs  # [rows, 1 + observed + known], normalized
-        self.known = inputs[:, inputs.shape[1] - num_known :].contiguous()
+        self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
         self.target = target  # [rows], normalized
         self.group = group  # [rows] instrument index
         self.static_real = static_real  # [groups, static]
@@ -242,6 +242,7 @@ class ParquetDataModule(L.LightningDataModule):
         normalized = (inputs - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
         inputs_t = torch.from_numpy(normalized.astype(np.float32))
         target_t = inputs_t[:, 0].contiguous()
+        known_t = inputs_t[:, inputs_t.shape[1] - len(schema.known) :].contiguous()
         # groups index the checkpoint's vocabulary, so a subset of instruments still embeds right
         vocab = {g: i for i, g in enumerate(schema.groups)}
         group_of_series = [vocab.get(s.name, 0) for s in series]
@@ -265,10 +266,10 @@ class ParquetDataModule(L.LightningDataModule):
                 target_t,
                 group_t,
                 static_t,
+                known_t,
                 starts,
                 cfg.encoder_length,
                 cfg.prediction_length,
-                len(schema.known),
                 bool(cfg.group_column),
             )
         self.schema = schema

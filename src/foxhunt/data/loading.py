@@ -3,6 +3,7 @@ instrument, with the features in their TFT roles."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from foxhunt.data.features import OhlcvSpec, derive_features, feature_names
+from foxhunt.data.features import OhlcvSpec, derive_features, feature_names, ohlcv_spec
 from foxhunt.errors import DataError
 
 OHLCV_TARGET = "log_return"
@@ -66,8 +67,11 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def resolve_columns(schema: pa.Schema, cfg: Any) -> tuple[list[str], list[str], list[str], str]:
-    """Return (observed, known, static, target) column names for the file, checking they exist."""
+def resolve_columns(
+    schema: pa.Schema, cfg: Any
+) -> tuple[list[str], list[str], list[str], str, list[str]]:
+    """Return (observed, known, static, target, values): column names by role, checked to exist,
+    and every numeric column to read (the target only when it is not derived)."""
     names = set(schema.names)
     ohlcv = cfg.features == "ohlcv"
     target = cfg.target if cfg.target is not None else OHLCV_TARGET
@@ -94,7 +98,9 @@ def resolve_columns(schema: pa.Schema, cfg: Any) -> tuple[list[str], list[str], 
             f"missing column(s) {', '.join(missing)} in {cfg.path}; "
             f"the file has: {', '.join(schema.names)}"
         )
-    return observed, known, static, target
+    keys = {cfg.time_column, cfg.group_column}
+    values = [c for c in dict.fromkeys(wanted + observed) if c not in keys]
+    return observed, known, static, target, values
 
 
 def _as_float(table: pa.Table, column: str) -> np.ndarray:
@@ -162,15 +168,12 @@ def _handle_non_finite(
 def load(cfg: Any) -> Loaded:
     """Read, check and shape the configured data; every user-fixable problem is a DataError."""
     dataset = open_dataset(cfg.path)
-    observed, known, static, target = resolve_columns(dataset.schema, cfg)
+    observed, known, static, target, raw_cols = resolve_columns(dataset.schema, cfg)
     ohlcv = cfg.features == "ohlcv"
     ohlcv_cols = [getattr(cfg.ohlcv, f) for f in _OHLCV_FIELDS] if ohlcv else []
-    raw_cols = list(dict.fromkeys(ohlcv_cols + observed + known + static))
-    if not (ohlcv and cfg.target is None):
-        raw_cols = list(dict.fromkeys(raw_cols + [target]))
     projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + raw_cols
     try:
-        table = dataset.to_table(columns=list(dict.fromkeys(projection)))
+        table = dataset.to_table(columns=projection)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {cfg.path}: {_one_line(exc)}") from None
     if table.num_rows == 0:
@@ -181,7 +184,8 @@ def load(cfg: Any) -> Loaded:
     values = {c: _as_float(table, c) for c in raw_cols}
     user_known = list(known)
     if ohlcv:
-        spec = _ohlcv_spec(cfg.ohlcv)
+        options = {f.name for f in dataclasses.fields(OhlcvSpec)}
+        spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
         derived_observed, derived_known = feature_names(spec)
         observed, known = list(derived_observed), list(derived_known) + user_known
     target_kind = cfg.target_kind
@@ -236,15 +240,3 @@ def _stack(columns: list[np.ndarray], rows: int) -> np.ndarray:
     if not columns:
         return np.zeros((rows, 0))
     return np.stack(columns, axis=1).astype(np.float64, copy=False)
-
-
-def _ohlcv_spec(c: Any) -> OhlcvSpec:
-    return OhlcvSpec(
-        return_lags=tuple(c.return_lags),
-        volatility_windows=tuple(c.volatility_windows),
-        volume_windows=tuple(c.volume_windows),
-        range_windows=tuple(c.range_windows),
-        location_windows=tuple(c.location_windows),
-        calendar=bool(c.calendar),
-        num_features=c.num_features,
-    )

@@ -226,6 +226,13 @@ class VariableSelectionNetwork(nn.Module):
             if n_vars > 1
             else None
         )
+        if n_vars > 1:
+            # Where F.interpolate(linear, align_corners=True) samples the flattened embedding of
+            # n_vars * variable_dim values at n_vars points: two neighbours and a weight each.
+            position = torch.linspace(0, n_vars * variable_dim - 1, n_vars, dtype=torch.float64)
+            lo = position.floor().long().clamp(max=n_vars * variable_dim - 2)
+            self.register_buffer("resample_lo", lo, persistent=False)
+            self.register_buffer("resample_frac", (position - lo).float(), persistent=False)
 
     def forward_scalars(
         self, x: Tensor, prescaler: tuple[Tensor, Tensor], context: Tensor | None = None
@@ -276,22 +283,13 @@ class VariableSelectionNetwork(nn.Module):
             torch.einsum("nd,knd->k", b, W1) + grn.fc1.bias
         )
         # its skip, the flattened embedding linearly resampled to n points, from two neighbours
-        lo, hi, frac = self._resample_points(n * d, n, x.device, x.dtype)
+        lo, hi, frac = self.resample_lo, self.resample_lo + 1, self.resample_frac
         w_flat, b_flat = w.reshape(-1), b.reshape(-1)
         resampled = (1 - frac) * (x[..., lo // d] * w_flat[lo] + b_flat[lo]) + frac * (
             x[..., hi // d] * w_flat[hi] + b_flat[hi]
         )
         residual = grn.resample_norm.norm(resampled * torch.sigmoid(grn.resample_norm.mask) * 2.0)
         return torch.softmax(grn.head(hidden, residual, context), dim=-1)
-
-    @staticmethod
-    def _resample_points(
-        size: int, points: int, device: torch.device, dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Neighbour indices and weights of F.interpolate(linear, align_corners=True)."""
-        position = torch.linspace(0, size - 1, points, device=device, dtype=torch.float64)
-        lo = position.floor().long().clamp(max=size - 2)
-        return lo, lo + 1, (position - lo).to(dtype)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [..., n_vars, variable_dim] -> (output [..., hidden], weights [..., n_vars])."""

@@ -29,7 +29,8 @@ def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        # mmap: only the hyperparameters are read now; fit() loads the tensors once, later
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
         return path, ckpt["hyper_parameters"]
     except Exception as exc:  # any unreadable file is the same user-facing problem
         raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
