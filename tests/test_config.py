@@ -27,6 +27,7 @@ def compose_train(*overrides: str):
         [],
         ["model=tft_base"],
         ["logger=tensorboard"],
+        ["memory=gpu_4gb"],
         ["data=parquet", "data.path=/tmp/x.parquet", "data.target=close"],
     ],
 )

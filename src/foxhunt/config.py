@@ -110,6 +110,21 @@ class CallbacksConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """Memory policy (conf/memory/): the budget a run plans for and the estimator's constants."""
+
+    name: str = "default"
+    budget_mb: float | None = None  # plan for this much memory; None = what the device has
+    safety_margin_mb: float = 256.0  # kept free of the budget
+    val_batch_size: int | None = None  # None = the training batch size
+    device: str = "auto"  # auto | cpu | cuda: the device to plan for
+    # CUDA, planned from the trace: the caching allocator reserves more than it hands out, and
+    # the context (kernels, cuBLAS/cuDNN handles) sits outside both. Not yet checked on a GPU.
+    cuda_reserve_fraction: float = 0.1
+    cuda_context_mb: float = 500.0
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
@@ -118,6 +133,7 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
     callbacks: CallbacksConfig = MISSING
+    memory: MemoryConfig = MISSING
     seed: int = 42
     ckpt_path: str | None = None
 
@@ -189,4 +205,26 @@ def validate(cfg: Any) -> None:
     _check(
         cfg.logger.name in ("csv", "tensorboard"),
         f"logger.name must be csv or tensorboard, got {cfg.logger.name!r}",
+    )
+    mem = cfg.memory
+    _check(
+        mem.device in ("auto", "cpu", "cuda"),
+        f"memory.device must be auto, cpu or cuda, got {mem.device!r}",
+    )
+    _check(
+        mem.budget_mb is None or mem.budget_mb > 0,
+        f"memory.budget_mb must be positive, got {mem.budget_mb}",
+    )
+    _check(
+        mem.safety_margin_mb >= 0,
+        f"memory.safety_margin_mb must be >= 0, got {mem.safety_margin_mb}",
+    )
+    _check(
+        mem.val_batch_size is None or mem.val_batch_size > 0,
+        f"memory.val_batch_size must be positive, got {mem.val_batch_size}",
+    )
+    _check(
+        mem.budget_mb is None or mem.safety_margin_mb < mem.budget_mb,
+        f"memory.safety_margin_mb={mem.safety_margin_mb} leaves nothing of "
+        f"memory.budget_mb={mem.budget_mb}",
     )

@@ -14,7 +14,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from foxhunt.data.loading import Loaded, load
+from foxhunt.data.loading import (
+    Loaded,
+    group_names,
+    load,
+    model_inputs,
+    open_dataset,
+    resolve_columns,
+    resolve_target_kind,
+)
 from foxhunt.errors import CheckpointError, DataError
 
 log = logging.getLogger(__name__)
@@ -141,6 +149,22 @@ class WindowDataset(Dataset):
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
+def random_batch(
+    schema: DataSchema, batch_size: int, device: Any = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A batch of `batch_size` windows shaped as WindowDataset delivers them, random values."""
+    e, h = schema.encoder_length, schema.prediction_length
+    groups = len(schema.groups)
+    return {
+        "encoder_cont": torch.randn(batch_size, e, len(schema.encoder_columns), device=device),
+        "decoder_known": torch.randn(batch_size, h, len(schema.known), device=device),
+        "static_cat": torch.zeros(batch_size, 1 if groups else 0, dtype=torch.long, device=device),
+        "static_real": torch.randn(batch_size, len(schema.static), device=device),
+        "target": torch.randn(batch_size, h, device=device),
+        "target_last": torch.randn(batch_size, device=device),
+    }
+
+
 def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return batch
 
@@ -154,6 +178,30 @@ def ensure_sample(path: str | Path) -> None:
 
     log.info("generating the bundled sample at %s", p)
     make_es_sample(p)
+
+
+def describe(cfg: Any) -> DataSchema:
+    """The configured data's schema from its Parquet footer and group column alone, without
+    normalization statistics: enough to size a model (the memory estimator's input)."""
+    if cfg.generate_if_missing:
+        ensure_sample(cfg.path)
+    dataset = open_dataset(cfg.path)
+    observed, known, static, target, _ = resolve_columns(dataset.schema, cfg)
+    observed, known = model_inputs(cfg, observed, known)
+    return DataSchema(
+        observed=observed,
+        known=known,
+        static=static,
+        groups=group_names(dataset, cfg.group_column),
+        target=target,
+        target_kind=resolve_target_kind(cfg),
+        encoder_length=cfg.encoder_length,
+        prediction_length=cfg.prediction_length,
+        input_mean=[],
+        input_std=[],
+        static_mean=[],
+        static_std=[],
+    )
 
 
 def _split_starts(n: int, cfg: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

@@ -165,6 +165,36 @@ def _handle_non_finite(
     return {c: v[keep] for c, v in columns.items()}, keep
 
 
+def _ohlcv_spec(cfg: Any) -> OhlcvSpec | None:
+    if cfg.features != "ohlcv":
+        return None
+    options = {f.name for f in dataclasses.fields(OhlcvSpec)}
+    return ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
+
+
+def model_inputs(cfg: Any, observed: list[str], known: list[str]) -> tuple[list[str], list[str]]:
+    """The observed and known inputs the model sees: with features=ohlcv, the derived ones."""
+    spec = _ohlcv_spec(cfg)
+    if spec is None:
+        return observed, known
+    derived_observed, derived_known = feature_names(spec)
+    return list(derived_observed), list(derived_known) + known
+
+
+def resolve_target_kind(cfg: Any) -> str:
+    if cfg.target_kind != "auto":
+        return cfg.target_kind
+    return "return" if cfg.features == "ohlcv" and cfg.target is None else "level"
+
+
+def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
+    """The instrument vocabulary, reading only the group column."""
+    if column is None:
+        return []
+    values = pc.unique(dataset.to_table(columns=[column]).column(0))
+    return sorted(str(v) for v in values.to_pylist())
+
+
 def load(cfg: Any) -> Loaded:
     """Read, check and shape the configured data; every user-fixable problem is a DataError."""
     dataset = open_dataset(cfg.path)
@@ -183,14 +213,9 @@ def load(cfg: Any) -> Loaded:
     codes, group_names = _group_codes(table, cfg.group_column)
     values = {c: _as_float(table, c) for c in raw_cols}
     user_known = list(known)
-    if ohlcv:
-        options = {f.name for f in dataclasses.fields(OhlcvSpec)}
-        spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
-        derived_observed, derived_known = feature_names(spec)
-        observed, known = list(derived_observed), list(derived_known) + user_known
-    target_kind = cfg.target_kind
-    if target_kind == "auto":
-        target_kind = "return" if ohlcv and cfg.target is None else "level"
+    spec = _ohlcv_spec(cfg)
+    observed, known = model_inputs(cfg, observed, known)
+    target_kind = resolve_target_kind(cfg)
 
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(group_names) + 1))

@@ -1,0 +1,67 @@
+"""Predict a training step's peak memory before allocating it.
+
+    python scripts/estimate_memory.py model=tft_base data.ohlcv.num_features=225 \\
+        data.batch_size=128 memory.budget_mb=4096 [+measure=true]
+
+Takes the same overrides as train.py. Prints a table (component, MB) for the training and the
+validation step, the largest batch size for memory.budget_mb when one is given, and as its last
+line one JSON object. `+measure=true` also runs one real step of each kind on the device.
+"""
+
+import json
+
+import hydra
+from omegaconf import DictConfig
+
+from foxhunt import cli
+from foxhunt.config import validate
+from foxhunt.memory import estimate, max_batch_size, measure
+from foxhunt.memory.estimator import MB
+
+
+def print_table(result: dict, est) -> None:  # noqa: ANN001
+    names = list(dict.fromkeys([*est.train.parts, *est.val.parts]))
+    print(f"{est.device}: {est.params:,} parameters")
+    print(f"{'component':<24}{'train MB':>12}{'val MB':>12}")
+    print(f"{'(batch size)':<24}{est.train.batch_size:>12}{est.val.batch_size:>12}")
+    for name in names:
+        t, v = (s.parts.get(name, 0) / MB for s in (est.train, est.val))
+        print(f"{name.replace('_', ' '):<24}{t:>12.1f}{v:>12.1f}")
+    print(f"{'peak':<24}{est.train.total / MB:>12.1f}{est.val.total / MB:>12.1f}")
+    for kind in ("train", "val"):
+        if f"measured_{kind}_peak_mb" in result:
+            print(
+                f"measured {kind} peak: {result[f'measured_{kind}_peak_mb']:.1f} MB "
+                f"(estimate {result[f'{kind}_rel_error']:+.1%})"
+            )
+    if "max_batch_size" in result:
+        print(
+            f"largest batch size for {result['budget_mb']:.0f} MB "
+            f"(less {result['safety_margin_mb']:.0f} MB margin): {result['max_batch_size']}"
+        )
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="estimate_memory")
+@cli.task
+def main(cfg: DictConfig) -> None:
+    validate(cfg)
+    est = estimate(cfg)
+    result = est.to_dict()
+    if cfg.memory.budget_mb is not None:
+        best, _ = max_batch_size(cfg, cfg.memory.budget_mb)
+        result |= {
+            "budget_mb": cfg.memory.budget_mb,
+            "safety_margin_mb": cfg.memory.safety_margin_mb,
+            "max_batch_size": best,
+        }
+    if cfg.get("measure"):
+        result |= measure(cfg, est.train.batch_size, est.val.batch_size, device=est.device)
+        for kind in ("train", "val"):
+            real = result[f"measured_{kind}_peak_mb"]
+            result[f"{kind}_rel_error"] = round((result[f"{kind}_peak_mb"] - real) / real, 4)
+    print_table(result, est)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,161 @@
+"""The memory estimator against real steps, real kernels and its own arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from foxhunt.config import validate
+from foxhunt.data.datamodule import describe
+from foxhunt.errors import ConfigError
+from foxhunt.memory import estimate, max_batch_size, measure, onednn_lstm_workspace_bytes
+from foxhunt.memory.estimator import MB, PART_NAMES, resolve_device
+from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
+from foxhunt.training.module import build_model
+from tests.test_config import compose_train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small(es_sample: Path, *overrides: str):
+    return compose_train(f"data.path={es_sample}", "data.generate_if_missing=false", *overrides)
+
+
+class _Workspace(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mkldnn_rnn_layer.default:
+            self.bytes = out[3].numel() * out[3].element_size()
+        return out
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize(
+    "seq_len, batch, hidden, input_size",
+    [(64, 64, 64, 64), (8, 64, 64, 64), (72, 32, 256, 256), (64, 16, 100, 100), (33, 17, 48, 96)],
+)
+def test_onednn_workspace_formula_matches_the_real_kernel(seq_len, batch, hidden, input_size):
+    lstm = torch.nn.LSTM(input_size, hidden, batch_first=True)
+    grab = _Workspace()
+    with grab:
+        lstm(torch.randn(batch, seq_len, input_size, requires_grad=True))
+    predicted = onednn_lstm_workspace_bytes(seq_len, batch, hidden, input_size)
+    assert predicted == pytest.approx(grab.bytes, rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    "overrides, batch_size",
+    [
+        ([], 16),  # tft_small on OHLCV features
+        (
+            ["model.hidden_dim=32", "model.num_heads=2", "model.lstm_layers=2", "model.dropout=0"],
+            24,
+        ),
+    ],
+)
+def test_estimate_matches_a_real_cpu_step(es_sample, overrides, batch_size):
+    cfg = small(es_sample, *overrides)
+    est = estimate(cfg, batch_size, device="cpu")
+    real = measure(cfg, batch_size, device="cpu")
+    for kind, step in (("train", est.train), ("val", est.val)):
+        measured = real[f"measured_{kind}_peak_mb"]
+        assert step.allocated / MB == pytest.approx(measured, rel=0.10), kind
+
+
+def test_parts_add_up_and_parameter_bytes_are_the_models(es_sample):
+    cfg = small(es_sample)
+    est = estimate(cfg, 8, device="cpu")
+    model = build_model(dict(cfg.model), describe(cfg.data))
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert est.params == sum(p.numel() for p in model.parameters())
+    for step in (est.train, est.val):
+        assert set(step.parts) == set(PART_NAMES)
+        assert step.total == sum(step.parts.values()) == step.allocated
+        assert step.parts["parameters"] == param_bytes
+        assert step.parts["buffers"] == sum(b.numel() * b.element_size() for b in model.buffers())
+    # AdamW keeps two moments per parameter (and a step count per tensor)
+    assert 2 * param_bytes <= est.train.parts["optimizer_state"] < 2 * param_bytes + MB
+    d = est.to_dict()
+    assert d["train_peak_mb"] == pytest.approx(sum(d["train_breakdown_mb"].values()), abs=0.5)
+
+
+def test_monotone_in_batch_size(es_sample):
+    cfg = small(es_sample)
+    # past one variable per fused-VSN chunk, the chunk temporaries grow with the batch too
+    sizes = [1, 2, 4, 8, 16, 32, CHUNK_ELEMENTS // (72 * 2 * 64) + 8]
+    estimates = [estimate(cfg, b, device="cpu") for b in sizes]
+    for kind in ("train", "val"):
+        peaks = [getattr(e, kind).total for e in estimates]
+        assert peaks == sorted(peaks), kind
+    assert estimates[-1].train.total > 4 * estimates[0].train.total
+
+
+def test_max_batch_size_is_the_largest_that_fits(es_sample):
+    cfg = small(es_sample)
+    budget = estimate(cfg, 40, device="cpu").train.total / MB + 0.01
+    best, peaks = max_batch_size(cfg, budget, margin_mb=0, device="cpu")
+    assert best >= 40
+    assert peaks[best] <= budget * MB
+    assert estimate(cfg, best + 1, device="cpu").train.total > budget * MB
+
+
+def test_budget_below_batch_one_names_what_it_needs(es_sample):
+    cfg = small(es_sample)
+    with pytest.raises(ConfigError, match=r"batch size 1 needs \d+ MB .* mostly"):
+        max_batch_size(cfg, 5, margin_mb=0, device="cpu")
+
+
+def test_unknown_device_is_a_clear_error(es_sample):
+    with pytest.raises(ConfigError, match="memory.device must be auto, cpu or cuda, got 'tpu'"):
+        resolve_device("tpu")
+    with pytest.raises(ConfigError, match="memory.device"):
+        validate(small(es_sample, "memory.device=tpu"))
+
+
+def run_estimate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "estimate_memory.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_prints_table_and_json(tmp_path, es_sample):
+    result = run_estimate(
+        f"data.path={es_sample}",
+        "data.batch_size=32",
+        "memory.budget_mb=300",
+        "memory.safety_margin_mb=20",
+        "memory.device=cpu",
+        "+measure=true",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert any(line.startswith("activations") for line in lines)
+    out = json.loads(lines[-1])
+    assert out["batch_size"] == 32
+    assert out["max_batch_size"] > 32
+    assert abs(out["train_rel_error"]) < 0.10 and abs(out["val_rel_error"]) < 0.10
+    assert set(out["train_breakdown_mb"]) == set(PART_NAMES)
+    assert list(tmp_path.iterdir()) == []  # plans only: no run directory
+
+
+def test_cli_budget_too_small_is_one_line_exit_2(tmp_path, es_sample):
+    result = run_estimate(
+        f"data.path={es_sample}", "memory.budget_mb=4", "memory.safety_margin_mb=0", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: batch size 1 needs")
+    assert len(result.stderr.strip().splitlines()) == 1
