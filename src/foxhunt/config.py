@@ -110,14 +110,40 @@ class CallbacksConfig:
 
 
 @dataclass
+class BatchSizeSearchConfig:
+    enabled: bool = False
+    max_batch_size: int = 4096
+    max_trials: int = 12  # real trial steps at most (the estimator seeds the first)
+
+
+@dataclass
+class OomBackoffConfig:
+    enabled: bool = True
+    factor: float = 2.0  # the batch is split into micro-batches this many times smaller
+    min_batch_size: int = 1
+    max_retries: int = 8  # backoffs per run before giving up
+    # accumulate the micro-batches' gradients into one step (the same update as the whole
+    # batch); false: one optimizer step per micro-batch
+    keep_effective_batch: bool = True
+
+
+@dataclass
 class MemoryConfig:
-    """Memory policy (conf/memory/): the budget a run plans for and the estimator's constants."""
+    """Memory policy (conf/memory/): the budget a run plans for, what it does to stay inside it,
+    and the estimator's constants."""
 
     name: str = "default"
-    budget_mb: float | None = None  # plan for this much memory; None = what the device has
+    budget_mb: float | None = None  # act as if the device had only this much; None = all of it
     safety_margin_mb: float = 256.0  # kept free of the budget
-    val_batch_size: int | None = None  # None = the training batch size
+    val_batch_size: Any = None  # a number, null (= the training batch size) or auto (searched)
     device: str = "auto"  # auto | cpu | cuda: the device to plan for
+    batch_size_search: BatchSizeSearchConfig = field(default_factory=BatchSizeSearchConfig)
+    oom_backoff: OomBackoffConfig = field(default_factory=OomBackoffConfig)
+    release_optimizer_state: bool = False  # move it off the device during validation
+    clear_cache_every_n_batches: int = 0  # validation batches; 0 = never
+    clear_cache_in_training: bool = False  # also every n training batches
+    gradient_checkpointing: bool = False  # recompute the LSTM and attention in backward
+    log_memory: bool = True  # [MEMORY] lines and memory metrics at each phase
     # CUDA, planned from the trace: the caching allocator reserves more than it hands out, and
     # the context (kernels, cuBLAS/cuDNN handles) sits outside both. Not yet checked on a GPU.
     cuda_reserve_fraction: float = 0.1
@@ -219,9 +245,16 @@ def validate(cfg: Any) -> None:
         mem.safety_margin_mb >= 0,
         f"memory.safety_margin_mb must be >= 0, got {mem.safety_margin_mb}",
     )
+    vb = mem.val_batch_size
     _check(
-        mem.val_batch_size is None or mem.val_batch_size > 0,
-        f"memory.val_batch_size must be positive, got {mem.val_batch_size}",
+        vb is None or vb == "auto" or (isinstance(vb, int) and vb > 0),
+        f"memory.val_batch_size must be a positive number, null or auto, got {vb!r}",
+    )
+    ob = mem.oom_backoff
+    _check(ob.factor > 1, f"memory.oom_backoff.factor must be > 1, got {ob.factor}")
+    _check(
+        ob.min_batch_size >= 1,
+        f"memory.oom_backoff.min_batch_size must be >= 1, got {ob.min_batch_size}",
     )
     _check(
         mem.budget_mb is None or mem.safety_margin_mb < mem.budget_mb,

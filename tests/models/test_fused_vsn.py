@@ -105,6 +105,22 @@ def test_fused_dropout_uses_one_mask_forward_and_backward(monkeypatch):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("chunk_elements", [1, 10**9])
+def test_recompute_mode_gives_the_same_output_and_gradients(monkeypatch, chunk_elements):
+    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", chunk_elements)
+    args = fused_inputs()
+    leaves = flat(args)
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(7)
+        out = selected_grns(*args, dropout=0.3, recompute=recompute)
+        results.append((out, torch.autograd.grad(out, leaves, torch.ones_like(out))))
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert torch.equal(out_a, out_b)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "n, dim, hidden, context",
     [(7, 4, 8, 8), (7, 8, 8, None), (6, 10, 8, 8), (1, 4, 8, 8), (3, 4, 8, None)],

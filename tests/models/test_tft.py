@@ -358,3 +358,20 @@ def test_fused_scalar_vsn_matches_per_variable_reference(case: str) -> None:
         torch.testing.assert_close(
             layout(grouped_param.grad), ref_param.grad, rtol=1e-5, atol=1e-9, msg=name
         )
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gradient_checkpointing_gives_the_same_gradients(name: str) -> None:
+    model, batch = build(name)
+    model.train()
+    grads = []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        torch.manual_seed(11)
+        model(batch).square().mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -150,6 +150,7 @@ class _Plan:
     optim: dict[str, Any]
     schema: DataSchema
     clip: float | None
+    checkpointing: bool
     device: str
     cuda_reserve_fraction: float
     cuda_context_mb: float
@@ -171,6 +172,7 @@ def _plan(cfg: Any, schema: DataSchema | None, device: str | None) -> _Plan:
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         schema=schema if schema is not None else describe(cfg.data),
         clip=cfg.trainer.gradient_clip_val,
+        checkpointing=cfg.memory.gradient_checkpointing,
         device=resolve_device(device or mem.device),
         cuda_reserve_fraction=mem.cuda_reserve_fraction,
         cuda_context_mb=mem.cuda_context_mb,
@@ -199,6 +201,7 @@ def run_step(
             if plan.device == "cuda":  # generic LSTM: keeps its gates, as cuDNN does
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         model = build_model(plan.model, plan.schema)
+        model.gradient_checkpointing = plan.checkpointing
         if device != "cpu":
             model.to(device)
         optimizer = make_optimizer(model.parameters(), plan.optim)
@@ -268,7 +271,7 @@ def estimate(
     of one validation step at `val_batch_size`, for the composed Hydra config `cfg`."""
     plan = _plan(cfg, schema, device)
     batch_size = batch_size or cfg.data.batch_size
-    val_batch_size = val_batch_size or cfg.memory.val_batch_size or batch_size
+    val_batch_size = val_batch_size or fixed_val_batch_size(cfg) or batch_size
     notes = []
     if plan.device == "cuda":
         notes.append(
@@ -296,7 +299,7 @@ def measure(
     bytes (MemTracker) everywhere, plus the allocator's peaks on CUDA."""
     plan = _plan(cfg, schema, device)
     batch_size = batch_size or cfg.data.batch_size
-    val_batch_size = val_batch_size or cfg.memory.val_batch_size or batch_size
+    val_batch_size = val_batch_size or fixed_val_batch_size(cfg) or batch_size
     result = {}
     for kind, b, train in (("train", batch_size, True), ("val", val_batch_size, False)):
         parts = run_step(plan, b, train, fake=False, device=plan.device)
@@ -329,36 +332,49 @@ def _largest(fits: Callable[[int], bool], guess: int, limit: int) -> int:
     return lo
 
 
+def fixed_val_batch_size(cfg: Any) -> int | None:
+    """memory.val_batch_size when it is a number (not null, not auto)."""
+    v = cfg.memory.val_batch_size
+    return v if isinstance(v, int) else None
+
+
 def max_batch_size(
     cfg: Any,
     budget_mb: float,
     margin_mb: float | None = None,
     *,
+    step: str = "both",
     schema: DataSchema | None = None,
     device: str | None = None,
     limit: int = 1 << 16,
 ) -> tuple[int, dict[int, int]]:
-    """The largest batch size whose training and validation steps both fit `budget_mb` less
-    `margin_mb` (default memory.safety_margin_mb), and the peaks traced on the way
-    {batch size: bytes}. Batch 1 not fitting is a ConfigError saying what it needs."""
+    """The largest batch size whose steps fit `budget_mb` less `margin_mb` (default
+    memory.safety_margin_mb), and the peaks traced on the way {batch size: bytes}. `step`:
+    both (training, and validation at memory.val_batch_size or the same size; with
+    val_batch_size=auto, training alone), train, or val. Batch 1 not fitting is a ConfigError
+    saying what it needs."""
     plan = _plan(cfg, schema, device)
     margin = cfg.memory.safety_margin_mb if margin_mb is None else margin_mb
     budget = (budget_mb - margin) * MB
-    fixed_val = cfg.memory.val_batch_size
+    fixed_val = fixed_val_batch_size(cfg)
+    with_val = step == "val" or (step == "both" and cfg.memory.val_batch_size != "auto")
     peaks: dict[int, int] = {}
-    trained: dict[int, StepMemory] = {}
+    traced: dict[int, StepMemory] = {}
 
     def peak(b: int) -> int:
         if b not in peaks:
-            trained[b] = _step_memory(plan, b, train=True)
-            peaks[b] = trained[b].total
-            if peaks[b] <= budget:  # the validation step only matters when training fits
+            if step == "val":
+                traced[b] = _step_memory(plan, b, train=False)
+            else:
+                traced[b] = _step_memory(plan, b, train=True)
+            peaks[b] = traced[b].total
+            if with_val and step != "val" and peaks[b] <= budget:  # only matters if training fits
                 peaks[b] = max(peaks[b], _step_memory(plan, fixed_val or b, train=False).total)
         return peaks[b]
 
     p1 = peak(1)
     if p1 > budget:
-        top = sorted(trained[1].parts.items(), key=lambda kv: -kv[1])[:2]
+        top = sorted(traced[1].parts.items(), key=lambda kv: -kv[1])[:2]
         raise ConfigError(
             f"batch size 1 needs {p1 / MB:.0f} MB but the budget leaves {budget / MB:.0f} MB "
             f"({budget_mb:.0f} MB less a {margin:.0f} MB margin); mostly "

@@ -208,6 +208,7 @@ class VariableSelectionNetwork(nn.Module):
         context_size: int | None = None,
     ) -> None:
         super().__init__()
+        self.recompute = False  # forward_scalars keeps no per-variable activations (fused_vsn)
         if n_vars < 1:
             raise ValueError("a variable selection network needs at least one variable")
         self.n_vars = n_vars
@@ -267,6 +268,7 @@ class VariableSelectionNetwork(nn.Module):
             skip_norm,
             (grns.norm.weight, grns.norm.bias),
             grns.dropout.p if self.training else 0.0,
+            self.recompute,
         )
         return output, weights
 

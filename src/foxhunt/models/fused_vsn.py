@@ -98,14 +98,16 @@ class _SelectedGRNs(torch.autograd.Function):
         beta: Tensor,
         dropout: float,
         save: bool,
+        recompute: bool,
     ) -> Tensor:
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
         # dropout(f) Wg == (f * keep) (Wg / (1 - p)): the scale rides on the matmul for free
         scale = 1.0 / (1.0 - dropout)
         out = x.new_zeros(rows, h)
-        f_all = x.new_empty(n, rows, dh) if save else None
-        g_all = x.new_empty(n, rows, 2 * h) if save else None
+        # recompute: keep only the dropout mask; backward rebuilds f and g chunk by chunk
+        f_all = x.new_empty(n, rows, dh) if save and not recompute else None
+        g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
         keep_all = x.new_empty(n, rows, dh, dtype=torch.bool) if save and dropout else None
         for c in _chunks(n, rows * 2 * h, x):
             a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
@@ -132,14 +134,14 @@ class _SelectedGRNs(torch.autograd.Function):
             del y
         if save:
             ctx.save_for_backward(
-                x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
+                x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
             )
             ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        (x, s, A, C, W2, Wg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all) = (
+        (x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all) = (
             ctx.saved_tensors
         )
         n, rows = x.shape
@@ -155,7 +157,14 @@ class _SelectedGRNs(torch.autograd.Function):
         d_b2 = x.new_empty(W2.shape[0], W2.shape[-1])
         d_bg = x.new_empty(Wg.shape[0], Wg.shape[-1])
         for c in _chunks(n, rows * 2 * h, x):
-            g = g_all[c]
+            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+            if g_all is None:  # recompute mode: f and g again, with the forward's dropout mask
+                f = torch.baddbmm(_row(b2[c]), a, W2[c])
+                if keep_all is not None:
+                    f.mul_(keep_all[c])
+                g = torch.baddbmm(_row(bg[c]), f, Wg[c], alpha=ctx.scale)
+            else:
+                f, g = f_all[c], g_all[c]
             z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
             xhat, mean, rstd = _normalize(z)
 
@@ -181,21 +190,20 @@ class _SelectedGRNs(torch.autograd.Function):
             # GLU and its projection
             d_g = torch.ops.aten.glu_backward(d_z, g, -1)
             del d_z
-            torch.bmm(f_all[c].transpose(1, 2), d_g, out=d_Wg[c]).mul_(ctx.scale)
+            torch.bmm(f.transpose(1, 2), d_g, out=d_Wg[c]).mul_(ctx.scale)
             torch.sum(d_g, 1, out=d_bg[c])
             d_f = torch.bmm(d_g, Wg[c].transpose(1, 2)).mul_(ctx.scale)
             del d_g
             if keep_all is not None:
                 d_f.mul_(keep_all[c])
 
-            # fc2, ELU and the folded fc1, recomputed from x
-            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+            # fc2, ELU and the folded fc1 (a was recomputed from x above)
             torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
             torch.sum(d_f, 1, out=d_b2[c])
             d_h1 = torch.ops.aten.elu_backward(
                 torch.bmm(d_f, W2[c].transpose(1, 2)), 1.0, 1.0, 1.0, True, a
             )
-            del a, d_f, g, mean, rstd
+            del a, d_f, f, g, mean, rstd
             torch.bmm(_row(x[c]), d_h1, out=_row(d_A[c]))
             torch.sum(d_h1, 1, out=d_C[c])
             if d_x is not None:
@@ -220,6 +228,7 @@ class _SelectedGRNs(torch.autograd.Function):
             d_beta,
             None,
             None,
+            None,
         )
 
 
@@ -237,10 +246,14 @@ def selected_grns(
     skip_norm: tuple[Tensor, Tensor] | None,
     norm: tuple[Tensor, Tensor],
     dropout: float,
+    recompute: bool = False,
 ) -> Tensor:
     """sum_j s[..., j] * GRN_j(x[..., j]) for scalar inputs x, s: [..., n] -> [..., h].
 
-    The skip of variable j is x P_j + Q_j, layer-normalised with skip_norm when given."""
+    The skip of variable j is x P_j + Q_j, layer-normalised with skip_norm when given. With
+    `recompute`, backward rebuilds the per-variable activations instead of keeping them (the
+    [variables, rows, 3 x hidden] tensors; 4.8 GB at tft_base batch 128) for a third more
+    variable-selection compute."""
     lead = x.shape[:-1]
     n = x.shape[-1]
     xt = x.reshape(-1, n).t().contiguous()
@@ -256,5 +269,5 @@ def selected_grns(
         u, v, R1, R2 = xt * rstd, rstd, Pc * gamma_skip, Qc * gamma_skip
     tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    out = _SelectedGRNs.apply(*tensors, dropout, save)
+    out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
     return out.reshape(*lead, out.shape[-1])

@@ -7,10 +7,12 @@ variable selection networks evaluate all per-variable GRNs at once with stacked 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from foxhunt.errors import ConfigError
 from foxhunt.models.blocks import (
@@ -70,6 +72,7 @@ class TemporalFusionTransformer(nn.Module):
         self.hidden_dim = hidden_dim
         self.lstm_layers = lstm_layers
         self.quantiles = tuple(float(q) for q in quantiles)
+        self._gradient_checkpointing = False
         self.num_encoder_vars = num_observed + num_known + 1
         self.num_decoder_vars = num_known + 1
         self.num_static_cat = len(static_cardinalities)
@@ -123,6 +126,19 @@ class TemporalFusionTransformer(nn.Module):
         # Quantile outputs (sec. 4.6).
         self.output_layer = nn.Linear(h, len(self.quantiles))
 
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Recompute in backward instead of keeping activations (memory.gradient_checkpointing):
+        the variable selection networks their per-variable GRNs, the LSTMs and the attention
+        block everything; training only."""
+        return self._gradient_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:
+        self._gradient_checkpointing = on
+        for vsn in (self.encoder_variable_selection, self.decoder_variable_selection):
+            vsn.recompute = on
+
     def num_parameters(self) -> int:
         """Number of trainable parameters."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
@@ -164,23 +180,19 @@ class TemporalFusionTransformer(nn.Module):
 
         # Static contexts are broadcast over time via a singleton time axis.
         selection_context = self.static_context_variable_selection(static_embedding).unsqueeze(1)
-        prescale = self.prescaler.weight, self.prescaler.bias
+        w, b = self.prescaler.weight, self.prescaler.bias
         encoder_input, encoder_weights = self.encoder_variable_selection.forward_scalars(
-            encoder_real, prescale, selection_context
+            encoder_real, (w, b), selection_context
         )
         decoder_input, decoder_weights = self.decoder_variable_selection.forward_scalars(
-            decoder_real, tuple(p[self.num_observed :] for p in prescale), selection_context
+            decoder_real, (w[self.num_observed :], b[self.num_observed :]), selection_context
         )
 
-        # cuDNN wants contiguous initial states, and expand() alone gives a stride-0 view.
         initial_hidden = self.static_context_initial_hidden_lstm(static_embedding)
         initial_cell = self.static_context_initial_cell_lstm(static_embedding)
-        state = (
-            initial_hidden.expand(self.lstm_layers, -1, -1).contiguous(),
-            initial_cell.expand(self.lstm_layers, -1, -1).contiguous(),
+        encoder_output, decoder_output = self._checkpointed(
+            self._lstm, encoder_input, decoder_input, initial_hidden, initial_cell
         )
-        encoder_output, state = self.lstm_encoder(encoder_input, state)
-        decoder_output, _ = self.lstm_decoder(decoder_input, state)
 
         lstm_output = self.post_lstm_gate_norm(
             torch.cat([encoder_output, decoder_output], dim=1),
@@ -190,11 +202,12 @@ class TemporalFusionTransformer(nn.Module):
         enriched = self.static_enrichment(lstm_output, enrichment_context)
 
         # Only the forecast positions are queried; they attend to the whole window.
-        attended, attention = self.multihead_attn(
+        attended, attention = self._checkpointed(
+            self.multihead_attn,
             enriched[:, enc_len:],
             enriched,
             self._causal_mask(enc_len, dec_len, encoder_cont.device),
-            need_weights=need_weights,
+            need_weights,
         )
         output = self.post_attn_gate_norm(attended, enriched[:, enc_len:])
         output = self.pos_wise_ff(output)
@@ -209,6 +222,23 @@ class TemporalFusionTransformer(nn.Module):
             "static_variable_weights": static_weights,
             "attention": attention,
         }
+
+    def _lstm(self, encoder_input: Tensor, decoder_input: Tensor, h0: Tensor, c0: Tensor):  # noqa: ANN202
+        # cuDNN wants contiguous initial states, and expand() alone gives a stride-0 view.
+        state = (
+            h0.expand(self.lstm_layers, -1, -1).contiguous(),
+            c0.expand(self.lstm_layers, -1, -1).contiguous(),
+        )
+        encoder_output, state = self.lstm_encoder(encoder_input, state)
+        decoder_output, _ = self.lstm_decoder(decoder_input, state)
+        return encoder_output, decoder_output
+
+    def _checkpointed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args), recomputed in backward instead of keeping its activations when
+        `gradient_checkpointing` is on (training only)."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def _static_embedding(self, x: Mapping[str, Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
         batch = like.shape[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
@@ -33,6 +33,11 @@ def build_model(model: dict[str, Any], schema: DataSchema) -> TemporalFusionTran
     )
 
 
+def _rows(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Samples [start, stop) of a batch (views, no copy)."""
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
 def make_optimizer(params: Iterable[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
     """AdamW as the configured training uses it (the memory estimator builds the same)."""
     # fused: one kernel for the whole update instead of ~10 passes over every parameter
@@ -48,6 +53,7 @@ class TFTModule(L.LightningModule):
     def __init__(self, model: dict[str, Any], schema: dict[str, Any], optim: dict[str, Any]):
         super().__init__()
         self.save_hyperparameters()
+        self.automatic_optimization = False  # see training_step
         self.schema = DataSchema.from_dict(schema)
         self.model = build_model(model, self.schema)
         if model.get("compile"):
@@ -75,19 +81,64 @@ class TFTModule(L.LightningModule):
         """Quantile predictions [batch, horizon, quantiles] in normalized target units."""
         return self.model(batch)
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = quantile_loss(self.model(batch), batch["target"], self.quantiles)
-        self.log(
-            "train_loss",
-            loss,
-            on_step=True,
-            on_epoch=True,
-            prog_bar=True,
-            batch_size=len(batch["target"]),
+    def on_fit_start(self) -> None:
+        # a memory callback that splits steps into micro-batches (foxhunt.memory.OOMBackoff),
+        # found by what it does so that training does not import the memory package
+        self._chunk_runner = next(
+            (cb for cb in self.trainer.callbacks if hasattr(cb, "run_chunks")), None
         )
+
+    def _run_chunks(self, n: int, kind: str, fn: Callable[[int, int], None], restart: bool) -> None:
+        runner = getattr(self, "_chunk_runner", None)
+        if runner is None:
+            fn(0, n)
+        else:
+            runner.run_chunks(n, kind, fn, restart)
+
+    def _optimizer_step(self, optimizer: Any) -> None:
+        clip = self.hparams.optim.get("gradient_clip_val")
+        if clip:
+            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        # Manual optimization: a step may run as several micro-batches (OOM backoff). With
+        # keep_effective_batch their gradients accumulate into one update equal to the whole
+        # batch's; without, each micro-batch is its own optimizer step.
+        optimizer = self.optimizers()
+        n = len(batch["target"])
+        accumulate = getattr(getattr(self, "_chunk_runner", None), "keep_effective_batch", True)
+        total = torch.zeros((), device=self.device)
+
+        def run(start: int, stop: int) -> None:
+            nonlocal total
+            if start == 0 or not accumulate:
+                optimizer.zero_grad(set_to_none=True)
+            if start == 0 and accumulate:
+                total = torch.zeros((), device=self.device)
+            part = _rows(batch, start, stop)
+            loss = quantile_loss(self.model(part), part["target"], self.quantiles)
+            self.manual_backward(loss * ((stop - start) / n) if accumulate else loss)
+            if stop == n or not accumulate:
+                self._optimizer_step(optimizer)
+            total = total + loss.detach() * (stop - start)
+
+        self._run_chunks(n, "train", run, restart=accumulate)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        loss = total / n
+        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
         return loss
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> None:
+        n = len(batch["target"])
+        self._run_chunks(n, "val", lambda a, b: self._update(_rows(batch, a, b), stage), False)
+        self.log_dict(
+            self.metrics[stage], on_step=False, on_epoch=True, prog_bar=stage == "val", batch_size=n
+        )
+
+    def _update(self, batch: dict[str, torch.Tensor], stage: str) -> None:
         pred = self.model(batch)
         target = batch["target"]
         # the naive forecast: a zero return, or the last observed level
@@ -105,9 +156,6 @@ class TFTModule(L.LightningModule):
         m["directional_accuracy"].update(median, target, reference)
         m["coverage"].update(pred[..., 0], pred[..., -1], target)
         m["baseline_loss"].update(reference.unsqueeze(-1).expand_as(pred), target)
-        self.log_dict(
-            m, on_step=False, on_epoch=True, prog_bar=stage == "val", batch_size=len(target)
-        )
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

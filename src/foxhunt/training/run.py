@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.config import validate
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.memory.budget import device_budget
+from foxhunt.memory.callbacks import MemoryLog, OOMBackoff, OptimizerStateRelease, memory_callbacks
 from foxhunt.training.module import TFTModule
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     datamodule = ParquetDataModule(cfg.data, schema=schema)
     datamodule.setup()
+    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    optim_cfg["gradient_clip_val"] = trainer_cfg.pop("gradient_clip_val")
     module = TFTModule(model=model_cfg, schema=datamodule.schema.to_dict(), optim=optim_cfg)
+    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
 
     checkpoint = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
@@ -80,26 +86,30 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         save_top_k=cfg.callbacks.save_top_k,
         save_last=True,
     )
-    callbacks: list[L.Callback] = [checkpoint]
+    memory = memory_callbacks(cfg)
+    callbacks: list[L.Callback] = [*memory, checkpoint]
     if cfg.callbacks.early_stopping_patience is not None:
         callbacks.append(
             EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
         )
     trainer = L.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        **trainer_cfg,
         precision=cfg.precision.trainer_precision,
         default_root_dir=run_dir,
         logger=_logger(cfg, run_dir),
         callbacks=callbacks,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    # read before test(): restoring the best checkpoint there resets the callback's paths
-    best, last, best_score = (
-        checkpoint.best_model_path,
-        checkpoint.last_model_path,
-        checkpoint.best_model_score,
-    )
-    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    device = trainer.strategy.root_device
+    held = [*module.parameters(), *module.buffers()]
+    with device_budget(device, cfg.memory.budget_mb, track=held):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        # read before test(): restoring the best checkpoint there resets the callback's paths
+        best, last, best_score = (
+            checkpoint.best_model_path,
+            checkpoint.last_model_path,
+            checkpoint.best_model_score,
+        )
+        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
 
     summary = {
         "run_dir": str(run_dir),
@@ -119,8 +129,23 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
+    summary["memory"] = memory_summary(cfg, memory, device)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.device) -> dict:
+    """What the memory policy did: sizes, backoffs, released state, the [MEMORY] lines."""
+    out: dict[str, Any] = {"policy": cfg.memory.name, "device": str(device)}
+    for cb in callbacks:
+        if isinstance(cb, OOMBackoff):
+            out["micro_batch_size"] = dict(cb.micro)
+            out["oom_backoffs"] = [{k: v for k, v in e.items()} for e in cb.events]
+        elif isinstance(cb, OptimizerStateRelease):
+            out["optimizer_state_released_mb"] = round(cb.released_bytes / 2**20, 3)
+        elif isinstance(cb, MemoryLog):
+            out["log"] = cb.lines
+    return out
 
 
 def _float(x: torch.Tensor | None) -> float | None:
