@@ -143,6 +143,7 @@ class WindowDataset(Dataset):
             "static_real": self.static_real[group],
             "target": self.target[dec],
             "target_last": self.target[enc[:, -1]],
+            "index": s,  # the window's first row: which sample this is
         }
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -236,6 +237,8 @@ class ParquetDataModule(L.LightningDataModule):
     def __init__(self, cfg: Any, schema: DataSchema | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.batch_size = cfg.batch_size  # the memory policy's batch-size search may change both
+        self.val_batch_size = cfg.batch_size
         self.fixed_schema = schema
         self.schema: DataSchema | None = None
         self.datasets: dict[str, WindowDataset] = {}
@@ -332,7 +335,7 @@ class ParquetDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         return DataLoader(
             self.datasets[split],
-            batch_size=self.cfg.batch_size,
+            batch_size=self.batch_size if split == "train" else self.val_batch_size,
             shuffle=shuffle,
             num_workers=self.cfg.num_workers,
             collate_fn=_passthrough,

@@ -312,7 +312,7 @@ def measure(
     return result
 
 
-def _largest(fits: Callable[[int], bool], guess: int, limit: int) -> int:
+def largest_fitting(fits: Callable[[int], bool], guess: int, limit: int) -> int:
     """The largest n in [1, limit] with fits(n), for a monotone `fits` that holds at 1: gallop
     from `guess` to bracket the answer (steps 1, 2, 4, ...), then bisect."""
     n, step = max(1, min(guess, limit)), 1
@@ -386,4 +386,4 @@ def max_batch_size(
     p8 = peak(8)
     slope = max((p8 - p1) / 7, 1.0)
     guess = int((budget - p1) / slope) + 1
-    return _largest(lambda b: peak(b) <= budget, guess, limit), peaks
+    return largest_fitting(lambda b: peak(b) <= budget, guess, limit), peaks

@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.config import validate
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
-from foxhunt.memory.budget import device_budget
+from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import MemoryLog, OOMBackoff, OptimizerStateRelease, memory_callbacks
+from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.training.module import TFTModule
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         save_last=True,
     )
     memory = memory_callbacks(cfg)
+    if cfg.memory.batch_size_search.enabled:
+        memory.insert(0, BatchSizeSearch(cfg))
+    elif isinstance(cfg.memory.val_batch_size, int):
+        datamodule.val_batch_size = cfg.memory.val_batch_size
     callbacks: list[L.Callback] = [*memory, checkpoint]
     if cfg.callbacks.early_stopping_patience is not None:
         callbacks.append(
@@ -101,7 +106,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )
     device = trainer.strategy.root_device
     held = [*module.parameters(), *module.buffers()]
-    with device_budget(device, cfg.memory.budget_mb, track=held):
+    budget_mb = cfg.memory.budget_mb
+    if budget_mb is None and device.type == "cpu" and cfg.memory.batch_size_search.enabled:
+        budget_mb = device_total(device) / 2**20  # trials must meet an OOM, not the OS's killer
+    with device_budget(device, budget_mb, track=held):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last, best_score = (
@@ -117,7 +125,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "last_checkpoint": last,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "batch_size": cfg.data.batch_size,
+        "batch_size": datamodule.batch_size,
+        "val_batch_size": datamodule.val_batch_size,
         "num_features": datamodule.schema.num_features,
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
         "metrics": {
@@ -138,7 +147,11 @@ def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.d
     """What the memory policy did: sizes, backoffs, released state, the [MEMORY] lines."""
     out: dict[str, Any] = {"policy": cfg.memory.name, "device": str(device)}
     for cb in callbacks:
-        if isinstance(cb, OOMBackoff):
+        if isinstance(cb, BatchSizeSearch):
+            out["searched_batch_size"] = cb.batch_size
+            out["searched_val_batch_size"] = cb.val_batch_size
+            out["search_trials"] = cb.trials
+        elif isinstance(cb, OOMBackoff):
             out["micro_batch_size"] = dict(cb.micro)
             out["oom_backoffs"] = [{k: v for k, v in e.items()} for e in cb.events]
         elif isinstance(cb, OptimizerStateRelease):
