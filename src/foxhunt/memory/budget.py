@@ -32,6 +32,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __init__(self, budget: int | None = None) -> None:
         super().__init__()
         self.budget = budget
+        self.enabled = True
         self.live = 0
         self.peak = 0
         self._storages: dict[int, weakref.finalize] = {}
@@ -62,6 +63,8 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
+        if not self.enabled:
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._add(t)
@@ -82,6 +85,20 @@ _active: LiveTensorBytes | None = None
 def live_tensors() -> LiveTensorBytes | None:
     """The counter of the run in progress (CPU), if any."""
     return _active
+
+
+@contextmanager
+def counting_suspended() -> Iterator[None]:
+    """Neither count nor enforce inside (the estimator's traces are not the run's memory)."""
+    counter = _active
+    if counter is None:
+        yield
+        return
+    counter.enabled = False
+    try:
+        yield
+    finally:
+        counter.enabled = True
 
 
 def device_total(device: torch.device) -> int:

@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from foxhunt.data.datamodule import DataSchema, describe, random_batch
 from foxhunt.errors import ConfigError
+from foxhunt.memory.budget import counting_suspended
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer
 
@@ -197,6 +198,7 @@ def run_step(
     onednn = fake and plan.device == "cpu" and torch.backends.mkldnn.is_available()
     with ExitStack() as stack:
         if fake:
+            stack.enter_context(counting_suspended())
             stack.enter_context(FakeTensorMode())
             if plan.device == "cuda":  # generic LSTM: keeps its gates, as cuDNN does
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
@@ -255,7 +257,7 @@ def _step_memory(plan: _Plan, batch_size: int, train: bool) -> StepMemory:
 
 
 def count_parameters(plan: _Plan) -> int:
-    with FakeTensorMode():
+    with counting_suspended(), FakeTensorMode():
         return sum(p.numel() for p in build_model(plan.model, plan.schema).parameters())
 
 

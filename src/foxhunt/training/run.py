@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,14 @@ from foxhunt.config import validate
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.memory.budget import device_budget, device_total
-from foxhunt.memory.callbacks import MemoryLog, OOMBackoff, OptimizerStateRelease, memory_callbacks
+from foxhunt.memory.callbacks import (
+    MemoryLog,
+    OOMBackoff,
+    OptimizerStateRelease,
+    OutOfMemoryAtMinimum,
+    batch_one_needs,
+    memory_callbacks,
+)
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.training.module import TFTModule
 
@@ -49,7 +58,9 @@ def _logger(cfg: DictConfig, run_dir: Path) -> Logger:
     return CSVLogger(save_dir=run_dir, name="csv", version="")
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def train(
+    cfg: DictConfig, run_dir: Path, extra_callbacks: Sequence[L.Callback] = ()
+) -> dict[str, Any]:
     """Fit and test the configured TFT in `run_dir`; return the summary written there."""
     validate(cfg)
     L.seed_everything(cfg.seed, workers=True)
@@ -92,7 +103,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         memory.insert(0, BatchSizeSearch(cfg))
     elif isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
-    callbacks: list[L.Callback] = [*memory, checkpoint]
+    callbacks: list[L.Callback] = [*memory, checkpoint, *extra_callbacks]
     if cfg.callbacks.early_stopping_patience is not None:
         callbacks.append(
             EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
@@ -109,7 +120,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     budget_mb = cfg.memory.budget_mb
     if budget_mb is None and device.type == "cpu" and cfg.memory.batch_size_search.enabled:
         budget_mb = device_total(device) / 2**20  # trials must meet an OOM, not the OS's killer
-    with device_budget(device, budget_mb, track=held):
+    with device_budget(device, budget_mb, track=held), _oom_is_a_user_error(cfg):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last, best_score = (
@@ -141,6 +152,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     summary["memory"] = memory_summary(cfg, memory, device)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+@contextmanager
+def _oom_is_a_user_error(cfg: DictConfig) -> Iterator[None]:
+    """An OOM that no step caught (the model itself, a loader) as one clear line."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        error = " ".join(str(exc).split())[:200]
+    else:
+        return
+    raise OutOfMemoryAtMinimum(
+        f"out of memory outside a training step ({error}); {batch_one_needs(cfg)}"
+    ) from None
 
 
 def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.device) -> dict:

@@ -1,0 +1,183 @@
+"""The memory policy on real CPU runs: budgets that raise real OOMs, no mocks."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from foxhunt.errors import FoxhuntError
+from foxhunt.memory import estimate
+from foxhunt.memory.budget import LiveTensorBytes, live_tensors
+from foxhunt.memory.estimator import MB
+from foxhunt.training.run import train
+from tests.conftest import make_table, write_table
+from tests.test_config import compose_train
+from tests.training.test_train import tiny_overrides
+
+SMALL_MODEL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
+
+
+def config(path: Path, *extra: str):
+    return compose_train(*tiny_overrides(path, *SMALL_MODEL, *extra))
+
+
+@pytest.fixture
+def long_table(tmp_path: Path) -> Path:
+    return write_table(tmp_path / "long.parquet", make_table({"AAA": 2000, "BBB": 2000}))
+
+
+def test_live_tensor_budget_raises_a_real_oom_and_counts_frees():
+    with LiveTensorBytes(budget=10 * MB) as counter:
+        a = torch.zeros(MB // 4)  # 1 MB
+        assert counter.live == MB
+        del a
+        assert counter.live == 0
+        with pytest.raises(torch.OutOfMemoryError, match="CPU budget exceeded"):
+            torch.zeros(3 * MB)  # 12 MB
+        assert counter.live == 0
+        assert counter.peak >= 12 * MB
+
+
+def test_search_finds_the_largest_batch_under_the_budget(tmp_path, table_path):
+    n = 32
+    # a budget that fits batch n (and its 1 MB margin), not 2n
+    budget = estimate(config(table_path), n, n, device="cpu").peak / MB + 1.01
+    cfg = config(
+        table_path,
+        "memory=search",
+        "memory.val_batch_size=null",
+        f"memory.budget_mb={budget}",
+        "memory.safety_margin_mb=1",
+        "trainer.max_epochs=1",
+    )
+    summary = train(cfg, tmp_path / "run")
+    found = summary["memory"]["searched_batch_size"]
+    assert n // 2 <= found <= n
+    assert summary["batch_size"] == summary["val_batch_size"] == found
+    # the run itself, training and validation at that size, met no OOM
+    assert summary["memory"]["oom_backoffs"] == []
+    assert all(t["fits"] == (t["batch_size"] <= found) for t in summary["memory"]["search_trials"])
+
+
+class _LowerBudgetAt(L.Callback):
+    """At training step k of the first epoch, lower the CPU budget so that the full batch no
+    longer fits but half of it does; count every sample of that epoch's finished steps."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.seen: list[int] = []
+        self.step_growth = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        counter = live_tensors()
+        if trainer.current_epoch == 0 and batch_idx == self.k:
+            counter.budget = counter.live + int(0.7 * self.step_growth)
+        counter.reset_peak()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        counter = live_tensors()
+        if batch_idx < self.k:
+            self.step_growth = max(self.step_growth, counter.peak - counter.live)
+        if trainer.current_epoch == 0:
+            self.seen.extend(batch["index"].tolist())
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            self.expected = sorted(trainer.datamodule.datasets["train"].starts.tolist())
+            self.steps = trainer.global_step
+
+
+def test_oom_mid_epoch_is_survived_without_skipping_or_repeating_samples(
+    tmp_path, table_path, caplog
+):
+    probe = _LowerBudgetAt(k=5)
+    cfg = config(table_path, "memory.budget_mb=4000", "trainer.max_epochs=2")
+    with caplog.at_level(logging.WARNING, logger="foxhunt.memory.callbacks"):
+        summary = train(cfg, tmp_path / "run", extra_callbacks=[probe])
+    assert summary["epochs"] == 2
+    assert sorted(probe.seen) == probe.expected  # every sample once
+    batches = -(-len(probe.expected) // 16)
+    assert probe.steps == batches  # one optimizer step per batch: the effective batch stayed
+    events = summary["memory"]["oom_backoffs"]
+    assert events[0]["kind"] == "train" and events[0]["step"] == 5
+    assert (events[0]["from"], events[0]["to"]) == (16, 8)
+    assert "OOM in train at step 5" in caplog.text
+
+
+def test_batch_one_not_fitting_stops_with_what_it_needs(tmp_path, table_path):
+    one = estimate(config(table_path), 1, 1, device="cpu").peak / MB
+    cfg = config(table_path, f"memory.budget_mb={0.9 * one}", "memory.safety_margin_mb=0")
+    with pytest.raises(FoxhuntError, match=r"out of memory at batch size 1 .* needs about"):
+        train(cfg, tmp_path / "run")
+
+
+def test_a_budget_below_the_model_is_one_clear_error(tmp_path, table_path):
+    cfg = config(table_path, "memory.budget_mb=0.01", "memory.safety_margin_mb=0")
+    with pytest.raises(FoxhuntError, match=r"out of memory outside a training step .* needs"):
+        train(cfg, tmp_path / "run")
+
+
+def _weights(summary):
+    ckpt = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)
+    return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
+
+
+def test_optimizer_release_leaves_training_bit_for_bit_the_same(tmp_path, table_path):
+    common = ("trainer.max_epochs=3", "trainer.deterministic=true")
+    off = train(config(table_path, *common), tmp_path / "off")
+    on = train(config(table_path, *common, "memory.release_optimizer_state=true"), tmp_path / "on")
+    assert on["memory"]["optimizer_state_released_mb"] > 0
+    (w_off, s_off), (w_on, s_on) = _weights(off), _weights(on)
+    assert w_off.keys() == w_on.keys()
+    for k in w_off:
+        assert torch.equal(w_off[k], w_on[k]), k
+    for i in s_off:
+        for k in s_off[i]:
+            assert torch.equal(s_off[i][k], s_on[i][k]), (i, k)
+
+
+class _LiveAfterValidationBatches(L.Callback):
+    def __init__(self) -> None:
+        self.live: list[int] = []
+
+    def on_validation_batch_end(self, trainer, *args):
+        if not trainer.sanity_checking:
+            self.live.append(live_tensors().live)
+
+
+def test_live_bytes_stay_flat_over_50_validation_batches(tmp_path, long_table):
+    probe = _LiveAfterValidationBatches()
+    cfg = config(
+        long_table,
+        "memory.budget_mb=4000",
+        "memory.val_batch_size=8",
+        "memory.clear_cache_every_n_batches=10",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+    )
+    train(cfg, tmp_path / "run", extra_callbacks=[probe])
+    assert len(probe.live) >= 50
+    assert max(probe.live) <= 1.01 * probe.live[0]
+
+
+def test_resumed_run_reuses_the_searched_batch_size(tmp_path, table_path):
+    search = ("memory=search", "memory.budget_mb=60", "memory.safety_margin_mb=1")
+    first = train(config(table_path, *search, "trainer.max_epochs=1"), tmp_path / "a")
+    assert first["memory"]["search_trials"]
+    resumed = train(
+        config(
+            table_path,
+            *search,
+            "trainer.max_epochs=2",
+            f"ckpt_path={first['last_checkpoint']}",
+        ),
+        tmp_path / "b",
+    )
+    assert resumed["memory"]["search_trials"] == []
+    assert resumed["batch_size"] == first["batch_size"]
+    assert resumed["val_batch_size"] == first["val_batch_size"]
+    assert resumed["epochs"] == 2
