@@ -181,3 +181,42 @@ def test_resumed_run_reuses_the_searched_batch_size(tmp_path, table_path):
     assert resumed["batch_size"] == first["batch_size"]
     assert resumed["val_batch_size"] == first["val_batch_size"]
     assert resumed["epochs"] == 2
+
+
+class _LowerBudgetInValidation(L.Callback):
+    def __init__(self) -> None:
+        self.growth = 0
+        self.lowered = False
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
+        counter = live_tensors()
+        if not trainer.sanity_checking and batch_idx == 1 and not self.lowered:
+            counter.budget = counter.live + int(0.6 * self.growth)
+            self.lowered = True
+        counter.reset_peak()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        if not trainer.sanity_checking and batch_idx == 0:
+            self.growth = live_tensors().peak - live_tensors().live
+
+    def on_validation_end(self, trainer, pl_module):
+        live_tensors().budget = 4000 * MB  # the OOM is forced in validation steps only
+
+
+def test_oom_in_validation_backs_off_and_gives_the_same_metrics(tmp_path, long_table):
+    common = (
+        "memory.budget_mb=4000",
+        "memory.val_batch_size=128",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+    )
+    reference = train(config(long_table, *common), tmp_path / "ref")
+    lowered = train(
+        config(long_table, *common), tmp_path / "low", extra_callbacks=[_LowerBudgetInValidation()]
+    )
+    events = lowered["memory"]["oom_backoffs"]
+    assert events and events[0]["kind"] == "val"
+    assert lowered["memory"]["micro_batch_size"]["val"] < 128
+    assert lowered["metrics"]["val_loss"] == pytest.approx(
+        reference["metrics"]["val_loss"], rel=1e-5
+    )

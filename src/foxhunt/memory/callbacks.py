@@ -247,8 +247,8 @@ def batch_one_needs(cfg: Any) -> str:
     budget = cfg.memory.budget_mb
     of = f" of the {budget:.0f} MB budget" if budget else ""
     return (
-        f"batch size 1 needs about {est.peak / _MB:.0f} MB by the estimate{of} (mostly "
-        + ", ".join(f"{k.replace('_', ' ')} {v / _MB:.0f} MB" for k, v in parts)
+        f"batch size 1 needs about {est.peak / _MB:.1f} MB by the estimate{of} (mostly "
+        + ", ".join(f"{k.replace('_', ' ')} {v / _MB:.1f} MB" for k, v in parts)
         + ")"
     )
 
