@@ -91,17 +91,26 @@ class _LowerBudgetAt(L.Callback):
             self.steps = trainer.global_step
 
 
+@pytest.mark.parametrize("keep_effective_batch", [True, False])
 def test_oom_mid_epoch_is_survived_without_skipping_or_repeating_samples(
-    tmp_path, table_path, caplog
+    tmp_path, table_path, caplog, keep_effective_batch
 ):
     probe = _LowerBudgetAt(k=5)
-    cfg = config(table_path, "memory.budget_mb=4000", "trainer.max_epochs=2")
+    cfg = config(
+        table_path,
+        "memory.budget_mb=4000",
+        f"memory.oom_backoff.keep_effective_batch={keep_effective_batch}",
+        "trainer.max_epochs=2",
+    )
     with caplog.at_level(logging.WARNING, logger="foxhunt.memory.callbacks"):
         summary = train(cfg, tmp_path / "run", extra_callbacks=[probe])
     assert summary["epochs"] == 2
     assert sorted(probe.seen) == probe.expected  # every sample once
     batches = -(-len(probe.expected) // 16)
-    assert probe.steps == batches  # one optimizer step per batch: the effective batch stayed
+    if keep_effective_batch:  # one optimizer step per batch: the effective batch stayed
+        assert probe.steps == batches
+    else:  # one step per micro-batch from step 5 on
+        assert probe.steps > batches
     events = summary["memory"]["oom_backoffs"]
     assert events[0]["kind"] == "train" and events[0]["step"] == 5
     assert (events[0]["from"], events[0]["to"]) == (16, 8)
