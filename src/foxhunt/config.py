@@ -78,8 +78,11 @@ class OptimConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"
-    trainer_precision: str = "32-true"
+    name: str = "fp32"  # fp32 | bf16 | int8
+    trainer_precision: str = "32-true"  # Lightning's precision flag
+    backend: str = "torch.ao"  # int8: the quantization-aware training backend
+    qat_start_epoch: int = 0  # int8: train in float before this epoch, fake-quantized from it
+    observer_epochs: int = 1  # int8: epochs from qat_start_epoch during which ranges are observed
 
 
 @dataclass
@@ -260,4 +263,19 @@ def validate(cfg: Any) -> None:
         mem.budget_mb is None or mem.safety_margin_mb < mem.budget_mb,
         f"memory.safety_margin_mb={mem.safety_margin_mb} leaves nothing of "
         f"memory.budget_mb={mem.budget_mb}",
+    )
+    p = cfg.precision
+    _check(
+        p.name in ("fp32", "bf16", "int8"),
+        f"precision.name must be fp32, bf16 or int8, got {p.name!r}",
+    )
+    _check(
+        p.backend == "torch.ao",
+        f"precision.backend={p.backend!r} is not available: only torch.ao is installed and tested",
+    )
+    _check(
+        p.qat_start_epoch >= 0, f"precision.qat_start_epoch must be >= 0, got {p.qat_start_epoch}"
+    )
+    _check(
+        p.observer_epochs >= 1, f"precision.observer_epochs must be >= 1, got {p.observer_epochs}"
     )

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from foxhunt.data.datamodule import DataSchema, describe, random_batch
 from foxhunt.errors import ConfigError
 from foxhunt.memory.budget import counting_suspended
+from foxhunt.quantization.qat import bake_weight_fake_quant
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer
 
@@ -51,21 +52,27 @@ PART_NAMES = tuple(dict.fromkeys(PARTS.values()))
 _PAGE = 4096
 
 
-def onednn_lstm_workspace_bytes(seq_len: int, batch: int, hidden: int, input_size: int) -> int:
-    """Bytes of the workspace oneDNN's fp32 LSTM layer keeps for backward (one layer, one
-    direction). From oneDNN's layout: gates [T, B, 4H], one [T, B, H] region and six state
-    regions [T+1, B, max(I, H)] with a padded leading dimension, four cell-state regions
-    [T+1, B, H]; each region page-aligned. Within 1% of the real kernel from a few MB up (a
-    few pages of alignment apart; tests/memory)."""
+def onednn_lstm_workspace_bytes(
+    seq_len: int, batch: int, hidden: int, input_size: int, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes of the workspace oneDNN's LSTM layer keeps for backward (one layer, one direction).
+    From oneDNN's layout: gates [T, B, 4H], one [T, B, H] region and six state regions
+    [T+1, B, max(I, H)] with a padded leading dimension, four cell-state regions [T+1, B, H];
+    each region page-aligned. fp32: within 1% of the real kernel from a few MB up. bf16
+    (autocast): gates, output and cell states in bf16, the six state regions in fp32, a fit
+    within 3% (tests/memory)."""
+    bf16 = dtype == torch.bfloat16
+    half, full = (2, 4) if bf16 else (4, 4)
 
-    def ld(n: int) -> int:  # oneDNN pads a leading dimension that would alias 1 KiB
+    def ld(n: int, size: int) -> int:  # oneDNN pads a leading dimension that would alias 1 KiB
         n = -(-n // 16) * 16
-        return n + 16 if (n * 4) % 1024 == 0 else n
+        return n + 16 if (n * size) % 1024 == 0 else n
 
-    t, b = seq_len, batch
-    regions = [t * b * ld(4 * hidden), t * b * ld(hidden)]
-    regions += [(t + 1) * b * ld(max(input_size, hidden))] * 6 + [(t + 1) * b * hidden] * 4
-    return sum(-(-(r * 4) // _PAGE) * _PAGE for r in regions)
+    t, b, h = seq_len, batch, hidden
+    regions = [t * b * ld(4 * h, half) * half, t * b * ld(h, half) * half]
+    regions += [(t + 1) * b * ld(max(input_size, h), full) * full] * 6
+    regions += [(t + 1) * b * h * half] * 4
+    return sum(-(-r // _PAGE) * _PAGE for r in regions)
 
 
 class _OneDnnWorkspace(TorchDispatchMode):
@@ -76,9 +83,10 @@ class _OneDnnWorkspace(TorchDispatchMode):
         if func is torch.ops.aten.mkldnn_rnn_layer.default:
             names = [a.name for a in func._schema.arguments]
             bound = dict(zip(names, args, strict=False)) | (kwargs or {})
-            if bound["train"] and bound["input"].dtype == torch.float32:
+            dtype = bound["input"].dtype
+            if bound["train"] and dtype in (torch.float32, torch.bfloat16):
                 t, b, i = bound["input"].shape  # time-major inside the kernel
-                size = onednn_lstm_workspace_bytes(t, b, bound["hidden_size"], i)
+                size = onednn_lstm_workspace_bytes(t, b, bound["hidden_size"], i, dtype)
                 workspace = torch.empty(size, dtype=torch.uint8, device=out[3].device)
                 out = (*out[:3], workspace)
         return out
@@ -131,6 +139,7 @@ class MemoryEstimate:
     def to_dict(self) -> dict[str, Any]:
         d = {
             "device": self.device,
+            "notes": self.notes,
             "params": self.params,
             "batch_size": self.train.batch_size,
             "val_batch_size": self.val.batch_size,
@@ -152,6 +161,7 @@ class _Plan:
     schema: DataSchema
     clip: float | None
     checkpointing: bool
+    precision: dict[str, Any]
     device: str
     cuda_reserve_fraction: float
     cuda_context_mb: float
@@ -174,6 +184,7 @@ def _plan(cfg: Any, schema: DataSchema | None, device: str | None) -> _Plan:
         schema=schema if schema is not None else describe(cfg.data),
         clip=cfg.trainer.gradient_clip_val,
         checkpointing=cfg.memory.gradient_checkpointing,
+        precision=OmegaConf.to_container(cfg.precision, resolve=True),
         device=resolve_device(device or mem.device),
         cuda_reserve_fraction=mem.cuda_reserve_fraction,
         cuda_context_mb=mem.cuda_context_mb,
@@ -202,7 +213,12 @@ def run_step(
             stack.enter_context(FakeTensorMode())
             if plan.device == "cuda":  # generic LSTM: keeps its gates, as cuDNN does
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-        model = build_model(plan.model, plan.schema)
+        model = build_model(plan.model, plan.schema, plan.precision, traced=fake)
+        if not train and plan.precision["name"] == "int8":
+            # MemTracker cannot follow a parametrized weight under no_grad: validate with the
+            # fake-quantized weights computed once (their per-forward copies, one weight at a
+            # time, are not counted)
+            bake_weight_fake_quant(model)
         model.gradient_checkpointing = plan.checkpointing
         if device != "cpu":
             model.to(device)
@@ -219,6 +235,8 @@ def run_step(
         stack.enter_context(tracker)
         if onednn:
             stack.enter_context(_OneDnnWorkspace())
+        if plan.precision["name"] == "bf16":  # Lightning's bf16-mixed: autocast to bfloat16
+            stack.enter_context(torch.autocast(torch.device(device).type, torch.bfloat16))
         if train:
             model.train()
             loss = quantile_loss(model(batch), batch["target"], quantiles)
@@ -258,7 +276,18 @@ def _step_memory(plan: _Plan, batch_size: int, train: bool) -> StepMemory:
 
 def count_parameters(plan: _Plan) -> int:
     with counting_suspended(), FakeTensorMode():
-        return sum(p.numel() for p in build_model(plan.model, plan.schema).parameters())
+        model = build_model(plan.model, plan.schema, plan.precision, traced=True)
+        return sum(p.numel() for p in model.parameters())
+
+
+def _precision_note(name: str) -> str:
+    return {
+        "fp32": "precision fp32",
+        "bf16": "precision bf16: traced under bfloat16 autocast; fp32 master weights, gradients "
+        "and optimizer state",
+        "int8": "precision int8: the quantization-aware training step, fp32 weights, gradients "
+        "and optimizer state plus fake-quant observers and activations",
+    }[name]
 
 
 def estimate(
@@ -274,7 +303,7 @@ def estimate(
     plan = _plan(cfg, schema, device)
     batch_size = batch_size or cfg.data.batch_size
     val_batch_size = val_batch_size or fixed_val_batch_size(cfg) or batch_size
-    notes = []
+    notes = [_precision_note(plan.precision["name"])]
     if plan.device == "cuda":
         notes.append(
             "cuda: allocator reserve and context are documented constants "

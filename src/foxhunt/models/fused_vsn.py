@@ -137,10 +137,16 @@ class _SelectedGRNs(torch.autograd.Function):
                 x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
             )
             ctx.scale = scale
+            ctx.dtype = x.dtype
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        with torch.autocast(d_out.device.type, enabled=False):  # float32, as the forward
+            return _SelectedGRNs._backward(ctx, d_out.to(ctx.dtype))
+
+    @staticmethod
+    def _backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
         (x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all) = (
             ctx.saved_tensors
         )
@@ -269,5 +275,12 @@ def selected_grns(
         u, v, R1, R2 = xt * rstd, rstd, Pc * gamma_skip, Qc * gamma_skip
     tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
+    if torch.is_autocast_enabled(x.device.type):
+        # under bf16 autocast the hand-written kernel runs in float32 (its preallocated
+        # buffers and out= matmuls need one dtype); autocast resumes after it
+        tensors = tuple(None if t is None else t.float() for t in tensors)
+        with torch.autocast(x.device.type, enabled=False):
+            out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
+    else:
+        out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
     return out.reshape(*lead, out.shape[-1])

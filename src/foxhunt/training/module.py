@@ -13,24 +13,40 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.datamodule import DataSchema
 from foxhunt.models import TemporalFusionTransformer
+from foxhunt.quantization import prepare_qat
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss, quantile_loss
 
 
-def build_model(model: dict[str, Any], schema: DataSchema) -> TemporalFusionTransformer:
-    """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`."""
-    return TemporalFusionTransformer(
-        num_observed=1 + len(schema.observed),  # the target's history leads the observed inputs
-        num_known=len(schema.known),
-        prediction_length=schema.prediction_length,
-        static_cardinalities=[len(schema.groups)] if schema.groups else [],
-        num_static_real=len(schema.static),
-        hidden_dim=model["hidden_dim"],
-        num_heads=model["num_heads"],
-        lstm_layers=model["lstm_layers"],
-        dropout=model["dropout"],
-        variable_dim=model["variable_dim"],
-        quantiles=list(model["quantiles"]),
-    )
+def model_init(model: dict[str, Any], schema: DataSchema) -> dict[str, Any]:
+    """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema."""
+    return {
+        "num_observed": 1 + len(schema.observed),  # the target's history leads the observed
+        "num_known": len(schema.known),
+        "prediction_length": schema.prediction_length,
+        "static_cardinalities": [len(schema.groups)] if schema.groups else [],
+        "num_static_real": len(schema.static),
+        "hidden_dim": model["hidden_dim"],
+        "num_heads": model["num_heads"],
+        "lstm_layers": model["lstm_layers"],
+        "dropout": model["dropout"],
+        "variable_dim": model["variable_dim"],
+        "quantiles": list(model["quantiles"]),
+    }
+
+
+def build_model(
+    model: dict[str, Any],
+    schema: DataSchema,
+    precision: dict[str, Any] | None = None,
+    traced: bool = False,
+) -> TemporalFusionTransformer:
+    """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`, prepared for
+    quantization-aware training when `precision` is int8 (`traced`: for a FakeTensorMode
+    memory trace)."""
+    tft = TemporalFusionTransformer(**model_init(model, schema))
+    if precision and precision.get("name") == "int8":
+        prepare_qat(tft, traced)
+    return tft
 
 
 def _rows(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
@@ -50,12 +66,18 @@ class TFTModule(L.LightningModule):
     The hyperparameters (model config, data schema with normalization, optimizer config) are
     saved in every checkpoint, so `TFTModule.load_from_checkpoint(path)` needs nothing else."""
 
-    def __init__(self, model: dict[str, Any], schema: dict[str, Any], optim: dict[str, Any]):
+    def __init__(
+        self,
+        model: dict[str, Any],
+        schema: dict[str, Any],
+        optim: dict[str, Any],
+        precision: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False  # see training_step
         self.schema = DataSchema.from_dict(schema)
-        self.model = build_model(model, self.schema)
+        self.model = build_model(model, self.schema, precision)
         if model.get("compile"):
             self.model.compile()  # in place: parameter names (and checkpoints) stay the same
         quantiles = list(model["quantiles"])

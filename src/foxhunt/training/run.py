@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,11 @@ from foxhunt.memory.callbacks import (
     memory_callbacks,
 )
 from foxhunt.memory.search import BatchSizeSearch
-from foxhunt.training.module import TFTModule
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.quantization import export_int8, load_int8, set_qat_phase
+from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.training.metrics import quantile_loss
+from foxhunt.training.module import TFTModule, model_init
 
 log = logging.getLogger(__name__)
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
@@ -81,13 +86,25 @@ def train(
                 "the checkpoint was trained with a different model: "
                 + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
             )
+        trained = (hparams.get("precision") or {"name": "fp32"})["name"]
+        if (trained == "int8") != (cfg.precision.name == "int8"):
+            raise ConfigError(
+                f"the checkpoint was trained with precision={trained}, "
+                f"not precision={cfg.precision.name}"
+            )
 
     datamodule = ParquetDataModule(cfg.data, schema=schema)
     datamodule.setup()
     # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     optim_cfg["gradient_clip_val"] = trainer_cfg.pop("gradient_clip_val")
-    module = TFTModule(model=model_cfg, schema=datamodule.schema.to_dict(), optim=optim_cfg)
+    precision_cfg = OmegaConf.to_container(cfg.precision, resolve=True)
+    module = TFTModule(
+        model=model_cfg,
+        schema=datamodule.schema.to_dict(),
+        optim=optim_cfg,
+        precision=precision_cfg,
+    )
     module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
 
     checkpoint = ModelCheckpoint(
@@ -104,6 +121,8 @@ def train(
     elif isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
     callbacks: list[L.Callback] = [*memory, checkpoint, *extra_callbacks]
+    if cfg.precision.name == "int8":
+        callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
     if cfg.callbacks.early_stopping_patience is not None:
         callbacks.append(
             EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
@@ -149,9 +168,48 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
+    if cfg.precision.name == "int8":
+        init = model_init(model_cfg, datamodule.schema)
+        summary |= export_and_test_int8(module, init, datamodule, tested, run_dir / "checkpoints")
     summary["memory"] = memory_summary(cfg, memory, device)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def export_and_test_int8(
+    module: TFTModule, init: dict, datamodule: ParquetDataModule, tested: dict, out_dir: Path
+) -> dict[str, Any]:
+    """Export the (best) QAT model as int8 next to the checkpoints and score it on the test
+    split beside the fake-quant model it came from."""
+    qat_model = module.model.eval()
+    set_qat_phase(qat_model, observe=False, fake_quant=True)
+    path = out_dir / "model_int8.pt"
+    int8_bytes = export_int8(qat_model, init, path)
+    fp32 = io.BytesIO()
+    torch.save(TemporalFusionTransformer(**init).state_dict(), fp32)
+    int8_model = load_int8(path)
+    quantiles = module.quantiles.cpu()
+    loss_sum = count = 0.0
+    diffs, scale = [], []
+    with torch.no_grad():
+        for batch in datamodule.test_dataloader():
+            pred = int8_model(batch)
+            n = pred.numel()
+            loss_sum += float(quantile_loss(pred, batch["target"], quantiles)) * n
+            count += n
+            reference = qat_model(batch)
+            diffs.append((pred - reference).abs().flatten())
+            scale.append(reference.flatten())
+    diff, ref_std = torch.cat(diffs), float(torch.cat(scale).std())
+    return {
+        "int8_model": str(path),
+        "int8_test_loss": loss_sum / max(count, 1),
+        "fp32_equivalent_test_loss": tested["test_loss"],
+        "export_bytes_int8": int8_bytes,
+        "export_bytes_fp32": len(fp32.getvalue()),
+        "int8_vs_fake_quant_max_abs_diff_rel_std": float(diff.max()) / ref_std,
+        "int8_vs_fake_quant_mean_abs_diff_rel_std": float(diff.mean()) / ref_std,
+    }
 
 
 @contextmanager

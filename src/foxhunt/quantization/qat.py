@@ -1,0 +1,257 @@
+"""int8 quantization-aware training and export, on torch.ao.quantization's fake-quant modules.
+
+The only file that knows the QAT backend: moving to torchao's QATConfig is a change here.
+
+Why not torch.ao's eager `prepare_qat`/`convert`: they swap `nn.Linear` modules and quantize
+what flows through their `forward`, but the TFT uses most of its weights functionally (the
+fused variable selection folds and stacks them), so here:
+- every weight matrix of the GRNs, variable selection networks, static encoders and attention
+  gets a weight fake-quant (int8, symmetric, per output channel; per variable and channel for the
+  stacked ones) as a parametrization, so every use of `.weight` sees the quantized values;
+- every `nn.Linear` called as a module also fake-quantizes its input (uint8, per tensor);
+- the quantile head, the input prescalers and the LSTMs stay float during training.
+The configs are symmetric with no reduce_range, so the fake-quant ranges are those of the export.
+
+Export (`export_int8`) stores every fake-quantized weight, and the LSTMs' weights, as int8 plus
+per-channel scales, the learned input ranges, and the few other parameters in float16.
+`load_int8` rebuilds the model from them: Linear weights dequantized (their outputs are the
+fake-quant model's), inputs rounded to the learned int8 grid, the LSTMs dynamically quantized
+(int8 kernels).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.ao.quantization import (
+        FakeQuantize,
+        MovingAverageMinMaxObserver,
+        MovingAveragePerChannelMinMaxObserver,
+    )
+
+from foxhunt.models.blocks import GroupedLinear
+from foxhunt.models.tft import TemporalFusionTransformer
+
+_explained = False
+
+
+def explain_deprecation() -> None:
+    """One line instead of torch.ao's repeated multi-line DeprecationWarning."""
+    global _explained
+    warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated")
+    if not _explained:
+        print(
+            "note: precision=int8 uses torch.ao.quantization, deprecated upstream in favour of "
+            "torchao but present and tested in torch 2.11-2.13; its warnings are silenced"
+        )
+        _explained = True
+
+
+def _weight_fake_quant() -> FakeQuantize:
+    return FakeQuantize(
+        observer=MovingAveragePerChannelMinMaxObserver,
+        quant_min=-128,
+        quant_max=127,
+        dtype=torch.qint8,
+        qscheme=torch.per_channel_symmetric,
+        ch_axis=0,
+        reduce_range=False,
+    )
+
+
+def _activation_fake_quant() -> FakeQuantize:
+    return FakeQuantize(
+        observer=MovingAverageMinMaxObserver,
+        quant_min=0,
+        quant_max=255,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        reduce_range=False,
+    )
+
+
+class _TracedWeightFakeQuant(nn.Module):
+    """For the memory estimator's FakeTensorMode trace: the same fake-quant kernel (same output
+    and saved mask) with fixed ranges, since observers need real values."""
+
+    def forward(self, w: Tensor) -> Tensor:
+        c = w.shape[0]
+        zero = torch.zeros(c, dtype=torch.int32, device=w.device)
+        return torch.fake_quantize_per_channel_affine(w, w.new_ones(c), zero, 0, -128, 127)
+
+
+class _TracedActivationFakeQuant(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.fake_quantize_per_tensor_affine(x, 1.0, 0, 0, 255)
+
+
+class WeightFakeQuant(nn.Module):
+    """Parametrization: the weight as int8 would store it. Channels are the rows of a Linear
+    weight [out, in], and (variable, output) pairs of a stacked weight [n, in, out]."""
+
+    def __init__(self, stacked: bool, traced: bool = False) -> None:
+        super().__init__()
+        self.stacked = stacked
+        self.fq = _TracedWeightFakeQuant() if traced else _weight_fake_quant()
+
+    def forward(self, w: Tensor) -> Tensor:
+        if not self.stacked:
+            return self.fq(w)
+        n, i, o = w.shape
+        rows = w.transpose(1, 2).reshape(n * o, i)
+        return self.fq(rows).reshape(n, o, i).transpose(1, 2)
+
+
+def _quantized_weights(model: nn.Module) -> list[tuple[str, nn.Module, bool]]:
+    """(name, module, stacked) of every weight QAT covers."""
+    out = []
+    for name, module in model.named_modules():
+        if name == "output_layer" or name.startswith("lstm_"):
+            continue
+        if isinstance(module, nn.Linear):
+            out.append((name, module, False))
+        elif isinstance(module, GroupedLinear):
+            out.append((name, module, True))
+    return out
+
+
+def _fake_quant_input(module: nn.Linear, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    return (module.input_fq(args[0]), *args[1:])
+
+
+def prepare_qat(
+    model: TemporalFusionTransformer, traced: bool = False
+) -> TemporalFusionTransformer:
+    """Add the fake quantization described in the module docstring, in place. `traced`: the
+    observer-free stand-in for a FakeTensorMode memory trace."""
+    explain_deprecation()
+    for _, module, stacked in _quantized_weights(model):
+        parametrize.register_parametrization(module, "weight", WeightFakeQuant(stacked, traced))
+        if isinstance(module, nn.Linear):
+            module.input_fq = _TracedActivationFakeQuant() if traced else _activation_fake_quant()
+            module.register_forward_pre_hook(_fake_quant_input)
+    model.qat = True
+    return model
+
+
+def bake_weight_fake_quant(model: nn.Module) -> None:
+    """Replace each weight parametrization by its current (fake-quantized) value, in place."""
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+
+
+def fake_quant_modules(model: nn.Module) -> list[FakeQuantize]:
+    return [m for m in model.modules() if isinstance(m, FakeQuantize)]
+
+
+def set_qat_phase(model: nn.Module, observe: bool, fake_quant: bool) -> None:
+    """Observers on/off (off = ranges frozen), fake quantization on/off (off = float)."""
+    for fq in fake_quant_modules(model):
+        (fq.enable_observer if observe else fq.disable_observer)()
+        (fq.enable_fake_quant if fake_quant else fq.disable_fake_quant)()
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+def _int8(w: Tensor, stacked: bool, fq: FakeQuantize) -> tuple[Tensor, Tensor]:
+    rows = w.transpose(1, 2).reshape(-1, w.shape[1]) if stacked else w
+    scale = fq.scale.detach().to(torch.float32)
+    q = torch.clamp(torch.round(rows / scale[:, None]), -128, 127).to(torch.int8)
+    return q, scale
+
+
+def _dequant(q: Tensor, scale: Tensor, shape: torch.Size, stacked: bool) -> Tensor:
+    rows = q.to(torch.float32) * scale[:, None]
+    if not stacked:
+        return rows
+    n, i, o = shape
+    return rows.reshape(n, o, i).transpose(1, 2).contiguous()
+
+
+def export_int8(model: TemporalFusionTransformer, init: dict[str, Any], path: Path) -> int:
+    """Write the int8 export of a QAT model; returns its size in bytes. `init` are the
+    constructor arguments of the TFT (so `load_int8` needs nothing else)."""
+    weights: dict[str, Any] = {}
+    quantized = set()
+    for name, module, stacked in _quantized_weights(model):
+        w = module.weight.detach()  # computing it makes the scales current
+        fq = module.parametrizations.weight[0].fq
+        q, scale = _int8(module.parametrizations.weight.original.detach(), stacked, fq)
+        weights[f"{name}.weight"] = {
+            "q": q,
+            "scale": scale,
+            "shape": tuple(w.shape),
+            "stacked": stacked,
+        }
+        quantized.add(f"{name}.parametrizations.weight.original")
+    # the LSTMs (float in training) as dynamic quantization will run them: int8 per row
+    for name, module in model.named_modules():
+        if isinstance(module, nn.LSTM):
+            for pname, w in module.named_parameters():
+                if pname.startswith("weight_"):
+                    w = w.detach()
+                    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+                    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+                    key = f"{name}.{pname}"
+                    weights[key] = {"q": q, "scale": scale, "shape": w.shape, "stacked": False}
+                    quantized.add(key)
+    # the inputs' int8 ranges, so inference quantizes activations exactly as training did
+    activations = {
+        name: (float(m.input_fq.scale), int(m.input_fq.zero_point))
+        for name, m, _ in _quantized_weights(model)
+        if hasattr(m, "input_fq")
+    }
+    # the rest (biases, norms, prescalers, the float head: ~7% of tft_small) in float16
+    floats = {
+        k: v.half() if v.is_floating_point() else v
+        for k, v in model.state_dict().items()
+        if k not in quantized and ".parametrizations." not in k and "input_fq" not in k
+    }
+    buf = io.BytesIO()
+    torch.save({"init": init, "int8": weights, "activations": activations, "float": floats}, buf)
+    Path(path).write_bytes(buf.getvalue())
+    return len(buf.getvalue())
+
+
+class _QuantizeInput:
+    """Forward pre-hook: round a Linear's input to the uint8 grid learned in training."""
+
+    def __init__(self, scale: float, zero_point: int) -> None:
+        self.scale, self.zero_point = scale, zero_point
+
+    def __call__(self, module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        x = torch.fake_quantize_per_tensor_affine(args[0], self.scale, self.zero_point, 0, 255)
+        return (x, *args[1:])
+
+
+def load_int8(path: str | Path) -> TemporalFusionTransformer:
+    """The exported int8 model, ready for inference: weights dequantized from int8, LSTMs
+    dynamically quantized (int8 kernels)."""
+    explain_deprecation()
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    model = TemporalFusionTransformer(**blob["init"])
+    state = {k: v.float() if v.is_floating_point() else v for k, v in blob["float"].items()}
+    for key, entry in blob["int8"].items():
+        state[key] = _dequant(entry["q"], entry["scale"], entry["shape"], entry["stacked"])
+    model.load_state_dict(state)
+    model.eval()
+    modules = dict(model.named_modules())
+    for name, (scale, zero_point) in blob["activations"].items():
+        modules[name].register_forward_pre_hook(_QuantizeInput(scale, zero_point))
+    with warnings.catch_warnings():  # explained once by explain_deprecation()
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions")
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {nn.LSTM}, dtype=torch.qint8)
