@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from foxhunt.data.loading import (
     Loaded,
@@ -166,6 +167,24 @@ def random_batch(
     }
 
 
+class EpochShuffle(Sampler[int]):
+    """A fresh permutation each epoch from (seed, epoch) alone, so a resumed run sees the same
+    order as an uninterrupted one; Lightning calls `set_epoch` at every epoch start."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
 def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return batch
 
@@ -234,9 +253,10 @@ def _split_starts(n: int, cfg: Any, name: str) -> tuple[np.ndarray, np.ndarray, 
 class ParquetDataModule(L.LightningDataModule):
     """Parquet market data as TFT windows; `schema` (from a checkpoint) fixes the normalization."""
 
-    def __init__(self, cfg: Any, schema: DataSchema | None = None) -> None:
+    def __init__(self, cfg: Any, schema: DataSchema | None = None, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.seed = seed  # of the training shuffle
         self.batch_size = cfg.batch_size  # the memory policy's batch-size search may change both
         self.val_batch_size = cfg.batch_size
         self.fixed_schema = schema
@@ -333,10 +353,14 @@ class ParquetDataModule(L.LightningDataModule):
         )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset = self.datasets[split]
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size if split == "train" else self.val_batch_size,
-            shuffle=shuffle,
+            sampler=EpochShuffle(len(dataset), self.seed) if shuffle else None,
+            # its own generator: creating an iterator then draws no seed from the global RNG,
+            # which dropout uses (and a resumed run must find as an uninterrupted one left it)
+            generator=torch.Generator().manual_seed(self.seed),
             num_workers=self.cfg.num_workers,
             collate_fn=_passthrough,
             persistent_workers=self.cfg.num_workers > 0,

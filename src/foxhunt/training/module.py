@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MetricCollection
@@ -54,6 +56,12 @@ def _rows(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, to
     return {k: v[start:stop] for k, v in batch.items()}
 
 
+def _numpy_state(state: tuple) -> tuple:
+    """numpy's RNG state with its key array as a tensor (what weights_only loading accepts)."""
+    name, keys, pos, has_gauss, cached = state
+    return name, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)
+
+
 def make_optimizer(params: Iterable[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
     """AdamW as the configured training uses it (the memory estimator builds the same)."""
     # fused: one kernel for the whole update instead of ~10 passes over every parameter
@@ -99,6 +107,33 @@ class TFTModule(L.LightningModule):
             }
         )
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning does not keep the RNG states: without them a resumed run shuffles and
+        # drops out differently from an uninterrupted one
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "numpy": _numpy_state(np.random.get_state()),
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed_rng_states = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        # applied here, after the sanity check: every DataLoader iterator draws a seed from
+        # the global RNG, so restoring earlier would be undone by the sanity check's loader
+        states = getattr(self, "_resumed_rng_states", None)
+        self._resumed_rng_states = None
+        if states is None:
+            return
+        torch.set_rng_state(states["torch"])
+        if states["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+        name, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((name, keys.numpy(), pos, has_gauss, cached))
+        random.setstate(states["python"])
+
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Quantile predictions [batch, horizon, quantiles] in normalized target units."""
         return self.model(batch)
@@ -119,8 +154,9 @@ class TFTModule(L.LightningModule):
 
     def _optimizer_step(self, optimizer: Any) -> None:
         clip = self.hparams.optim.get("gradient_clip_val")
-        if clip:
-            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+        if clip:  # (Lightning's clip_gradients refuses fused optimizers under bf16-mixed;
+            # no precision used here scales gradients, so plain clipping is right)
+            torch.nn.utils.clip_grad_norm_(self.parameters(), clip)
         optimizer.step()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

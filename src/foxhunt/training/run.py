@@ -93,7 +93,7 @@ def train(
                 f"not precision={cfg.precision.name}"
             )
 
-    datamodule = ParquetDataModule(cfg.data, schema=schema)
+    datamodule = ParquetDataModule(cfg.data, schema=schema, seed=cfg.seed)
     datamodule.setup()
     # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)

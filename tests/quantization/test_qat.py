@@ -1,0 +1,120 @@
+"""int8 quantization-aware training: prepare, checkpoint, export, load; and bf16 runs."""
+
+from __future__ import annotations
+
+import torch
+
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
+from foxhunt.training.run import train
+from tests.models.test_tft import make_batch
+from tests.test_config import compose_train
+from tests.training.test_train import tiny_overrides
+
+INIT = dict(
+    num_observed=4,
+    num_known=2,
+    prediction_length=5,
+    static_cardinalities=[3],
+    hidden_dim=16,
+    num_heads=4,
+    variable_dim=8,
+    quantiles=[0.1, 0.5, 0.9],
+)
+
+
+def trained_qat_model(steps: int = 5) -> tuple[TemporalFusionTransformer, dict]:
+    torch.manual_seed(0)
+    model = prepare_qat(TemporalFusionTransformer(**INIT))
+    batch = make_batch(model, cardinalities=(3,))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+        optimizer.step()
+    model.eval()
+    set_qat_phase(model, observe=False, fake_quant=True)
+    return model, batch
+
+
+def test_prepare_fake_quantizes_weights_but_not_the_head_or_lstm():
+    model, _ = trained_qat_model(steps=1)
+    w = model.static_enrichment.fc2.weight  # parametrized: int8 levels per output channel
+    scale = model.static_enrichment.fc2.parametrizations.weight[0].fq.scale
+    levels = w / scale[:, None]
+    assert torch.allclose(levels, levels.round(), atol=1e-3)
+    assert levels.abs().max() <= 128
+    stacked = model.encoder_variable_selection.single_variable_grns.glu.weight
+    assert stacked.shape == (model.num_encoder_vars, 8, 32)
+    assert not hasattr(model.output_layer, "parametrizations")
+    assert not hasattr(model.lstm_encoder, "parametrizations")
+
+
+def test_qat_state_survives_a_checkpoint_round_trip():
+    model, batch = trained_qat_model()
+    state = model.state_dict()
+    assert any("activation_post_process.min_val" in k for k in state)
+    fresh = prepare_qat(TemporalFusionTransformer(**INIT)).eval()
+    fresh.load_state_dict(state)
+    set_qat_phase(fresh, observe=False, fake_quant=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(batch), model(batch))
+
+
+def test_export_is_small_loads_in_one_call_and_matches_the_fake_quant_model(tmp_path):
+    model, batch = trained_qat_model()
+    path = tmp_path / "model_int8.pt"
+    int8_bytes = export_int8(model, INIT, path)
+    assert path.stat().st_size == int8_bytes
+    loaded = load_int8(path)
+    with torch.no_grad():
+        reference, out = model(batch), loaded(batch)
+    assert out.shape == reference.shape
+    assert ((out - reference).abs().mean() / reference.std()) < 0.02
+
+
+def tiny(path, *extra):
+    return compose_train(
+        *tiny_overrides(
+            path, "model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4", *extra
+        )
+    )
+
+
+def test_int8_run_exports_and_scores_the_int8_model(tmp_path, table_path):
+    summary = train(tiny(table_path, "precision=int8", "trainer.max_epochs=2"), tmp_path / "run")
+    for key in ("int8_test_loss", "fp32_equivalent_test_loss", "export_bytes_int8"):
+        assert summary[key] > 0
+    assert summary["export_bytes_int8"] < summary["export_bytes_fp32"]
+    assert summary["int8_test_loss"] == torch.tensor(
+        summary["fp32_equivalent_test_loss"]
+    ).item() or (abs(summary["int8_test_loss"] / summary["fp32_equivalent_test_loss"] - 1) < 0.05)
+    loaded = load_int8(summary["int8_model"])
+    assert isinstance(loaded, TemporalFusionTransformer)
+
+
+def _final_weights(summary):
+    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
+
+
+def test_int8_resume_matches_an_uninterrupted_run(tmp_path, table_path):
+    # (a schedule sized from max_epochs would differ between a 2-epoch and a 3-epoch run)
+    common = ("precision=int8", "trainer.deterministic=true", "optim.schedule=none")
+    straight = train(tiny(table_path, *common, "trainer.max_epochs=3"), tmp_path / "straight")
+    first = train(tiny(table_path, *common, "trainer.max_epochs=2"), tmp_path / "first")
+    resumed = train(
+        tiny(table_path, *common, "trainer.max_epochs=3", f"ckpt_path={first['last_checkpoint']}"),
+        tmp_path / "resumed",
+    )
+    a, b = _final_weights(straight), _final_weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+def test_bf16_trains_on_cpu(tmp_path, table_path):
+    summary = train(tiny(table_path, "precision=bf16", "trainer.max_epochs=1"), tmp_path / "run")
+    assert summary["metrics"]["test_loss"] > 0
