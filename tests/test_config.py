@@ -28,6 +28,10 @@ def compose_train(*overrides: str):
         ["model=tft_base"],
         ["logger=tensorboard"],
         ["memory=gpu_4gb"],
+        ["memory=off"],
+        ["memory=search"],
+        ["precision=int8"],
+        ["precision=bf16"],
         ["data=parquet", "data.path=/tmp/x.parquet", "data.target=close"],
     ],
 )
@@ -62,6 +66,10 @@ def test_unknown_key_fails_at_composition():
         ("data.encoder_length=0", "data.encoder_length must be positive"),
         ("data.nan_policy=zero", "data.nan_policy must be error, ffill or drop"),
         ("data.val_fraction=0.9", "sum to less than 1"),
+        ("memory.val_batch_size=big", "memory.val_batch_size must be a positive number"),
+        ("memory.oom_backoff.factor=1", "memory.oom_backoff.factor must be > 1"),
+        ("precision.backend=torchao", "precision.backend='torchao' is not available"),
+        ("precision.name=fp8", "precision.name must be fp32, bf16 or int8"),
     ],
 )
 def test_semantic_checks(override, message):
