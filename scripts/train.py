@@ -16,7 +16,7 @@ from foxhunt.training.run import train
 def main(cfg: DictConfig) -> float | None:
     summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
     print(json.dumps(summary))
-    return summary["metrics"]["val_loss"]  # the value a Hydra sweeper optimises
+    return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
 
 
 if __name__ == "__main__":

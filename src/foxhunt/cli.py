@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from foxhunt.config import register_configs
@@ -29,9 +31,28 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"error: {exc}", file=sys.stderr)
+            if _in_multirun():
+                # one invalid combination fails its job, not the sweep; the summary shows it
+                _record_invalid(str(exc))
+                return float("nan")
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _record_invalid(error: str) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "status.json").write_text(json.dumps({"status": "invalid", "error": error}) + "\n")
 
 
 def run(hydra_main: Callable[[], Any]) -> None:

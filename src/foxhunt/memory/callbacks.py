@@ -187,12 +187,17 @@ class MemoryLog(L.Callback):
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.peak_mb: float | None = None  # over the run: CUDA allocated, CPU live or RSS
 
     def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str) -> None:
         device = pl_module.device
         s = snapshot(device)
         # CPU tensors are counted only under a budget (the counter slows a step by ~40%)
         used = s.get("allocated_mb", s.get("live_mb"))
+        seen = s.get(
+            "peak_allocated_mb", s.get("peak_live_mb", s["rss_mb"] if used is None else used)
+        )
+        self.peak_mb = max(self.peak_mb or 0.0, seen)
         head = f"[MEMORY] epoch {trainer.current_epoch} {phase}: "
         if used is None:
             line = f"{head}rss {s['rss_mb']:.1f} MB"

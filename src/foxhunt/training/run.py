@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,14 @@ from foxhunt.training.module import TFTModule, model_init
 
 log = logging.getLogger(__name__)
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
+SUMMARY_METRICS = (
+    "val_loss",
+    "test_loss",
+    "test_mae",
+    "test_directional_accuracy",
+    "test_coverage",
+    "baseline_test_loss",
+)
 
 
 def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
@@ -67,7 +76,13 @@ def train(
     cfg: DictConfig, run_dir: Path, extra_callbacks: Sequence[L.Callback] = ()
 ) -> dict[str, Any]:
     """Fit and test the configured TFT in `run_dir`; return the summary written there."""
+    started = time.perf_counter()
     validate(cfg)
+    if cfg.optimized_metric not in SUMMARY_METRICS:
+        raise ConfigError(
+            f"optimized_metric must be one of {', '.join(SUMMARY_METRICS)}, "
+            f"got {cfg.optimized_metric!r}"
+        )
     L.seed_everything(cfg.seed, workers=True)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
@@ -172,6 +187,7 @@ def train(
         init = model_init(model_cfg, datamodule.schema)
         summary |= export_and_test_int8(module, init, datamodule, tested, run_dir / "checkpoints")
     summary["memory"] = memory_summary(cfg, memory, device)
+    summary["wall_s"] = round(time.perf_counter() - started, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -241,6 +257,7 @@ def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.d
             out["optimizer_state_released_mb"] = round(cb.released_bytes / 2**20, 3)
         elif isinstance(cb, MemoryLog):
             out["log"] = cb.lines
+            out["peak_mb"] = cb.peak_mb
     return out
 
 
