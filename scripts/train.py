@@ -14,7 +14,10 @@ from foxhunt.training.run import train
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 @cli.task
 def main(cfg: DictConfig) -> float | None:
-    summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hydra_cfg = HydraConfig.get()
+    summary = train(
+        cfg, Path(hydra_cfg.runtime.output_dir), overrides=list(hydra_cfg.overrides.task)
+    )
     print(json.dumps(summary))
     return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
 

@@ -165,6 +165,7 @@ class TrainConfig:
     memory: MemoryConfig = MISSING
     seed: int = 42
     ckpt_path: str | None = None
+    resume: str | None = None  # auto | auto_or_new: the newest last.ckpt of this experiment
     optimized_metric: str = "val_loss"  # what train.py returns to a Hydra sweeper
 
 

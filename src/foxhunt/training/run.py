@@ -39,6 +39,7 @@ from foxhunt.training.module import TFTModule, model_init
 
 log = logging.getLogger(__name__)
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
+RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs")  # not part of what an experiment is
 SUMMARY_METRICS = (
     "val_loss",
     "test_loss",
@@ -72,10 +73,33 @@ def _logger(cfg: DictConfig, run_dir: Path) -> Logger:
     return CSVLogger(save_dir=run_dir, name="csv", version="")
 
 
+def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
+    """The newest `checkpoints/last.ckpt` of an earlier run of the same experiment: a sibling
+    run directory (outputs/<date>/<time>/) whose overrides equal `overrides` except the
+    resume ones (resume, ckpt_path, trainer.max_epochs)."""
+
+    def key(items: Sequence[str]) -> set[str]:
+        return {o for o in items if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
+
+    wanted = key(overrides)
+    found = []
+    for marker in Path(run_dir).resolve().parents[1].glob("*/*/.hydra/overrides.yaml"):
+        previous = marker.parent.parent
+        last = previous / "checkpoints" / "last.ckpt"
+        if previous != Path(run_dir).resolve() and last.is_file():
+            if key(OmegaConf.load(marker)) == wanted:
+                found.append(last)
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
 def train(
-    cfg: DictConfig, run_dir: Path, extra_callbacks: Sequence[L.Callback] = ()
+    cfg: DictConfig,
+    run_dir: Path,
+    extra_callbacks: Sequence[L.Callback] = (),
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Fit and test the configured TFT in `run_dir`; return the summary written there."""
+    """Fit and test the configured TFT in `run_dir`; return the summary written there.
+    `overrides` (the command line's) identify the experiment for `resume=auto`."""
     started = time.perf_counter()
     validate(cfg)
     if cfg.optimized_metric not in SUMMARY_METRICS:
@@ -83,13 +107,29 @@ def train(
             f"optimized_metric must be one of {', '.join(SUMMARY_METRICS)}, "
             f"got {cfg.optimized_metric!r}"
         )
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
 
-    ckpt_path, schema = None, None
-    if cfg.ckpt_path:
-        ckpt_path, hparams = read_checkpoint_hparams(cfg.ckpt_path)
+    ckpt_path, schema, resume_from = None, None, cfg.ckpt_path
+    if cfg.resume is not None:
+        if cfg.resume not in ("auto", "auto_or_new"):
+            raise ConfigError(f"resume must be auto or auto_or_new, got {cfg.resume!r}")
+        if cfg.ckpt_path:
+            raise ConfigError("give either ckpt_path or resume, not both")
+        resume_from = find_previous_run(run_dir, overrides)
+        if resume_from is not None:
+            log.info("resume=%s: resuming from %s", cfg.resume, resume_from)
+        elif cfg.resume == "auto_or_new":
+            log.info("resume=auto_or_new: no earlier run of this experiment, starting fresh")
+        else:
+            raise CheckpointError(
+                f"resume=auto found no earlier run of this experiment (same overrides) with "
+                f"checkpoints/last.ckpt under {Path(run_dir).resolve().parents[1]}; "
+                "use resume=auto_or_new to start fresh"
+            )
+    if resume_from:
+        ckpt_path, hparams = read_checkpoint_hparams(str(resume_from))
         schema = DataSchema.from_dict(hparams["schema"])
         changed = [
             k
@@ -166,6 +206,7 @@ def train(
 
     summary = {
         "run_dir": str(run_dir),
+        "resumed_from": str(ckpt_path) if ckpt_path else None,
         "best_checkpoint": best,
         "last_checkpoint": last,
         "epochs": trainer.current_epoch,
