@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from foxhunt.memory.estimator import MB, PART_NAMES, resolve_device
 from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
 from foxhunt.training.module import build_model
 from tests.test_config import compose_train
+from tests.training.test_train import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,15 +119,7 @@ def test_unknown_device_is_a_clear_error(es_sample):
 
 
 def run_estimate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "estimate_memory.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_cli(*args, cwd=cwd, script="estimate_memory.py")
 
 
 def test_cli_prints_table_and_json(tmp_path, es_sample):

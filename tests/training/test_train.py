@@ -17,7 +17,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
-from foxhunt.training.run import train
+from foxhunt.training.run import SUMMARY_METRICS, train
 from tests.test_config import compose_train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,14 +55,7 @@ def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_pat
     losses = epoch_losses(tmp_path / "run")
     assert len(losses) == 2 and losses[1] < losses[0]
     assert Path(summary["last_checkpoint"]).name == "last.ckpt"
-    for key in (
-        "val_loss",
-        "test_loss",
-        "test_mae",
-        "test_directional_accuracy",
-        "test_coverage",
-        "baseline_test_loss",
-    ):
+    for key in SUMMARY_METRICS:
         assert summary["metrics"][key] is not None, key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
 
@@ -117,10 +110,10 @@ def test_resume_with_other_model_is_refused(tmp_path, table_path):
         train(compose_train(*overrides), tmp_path / "b")
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, script: str = "train.py") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        [sys.executable, str(ROOT / "scripts" / script), *args],
         cwd=cwd,
         env=env,
         capture_output=True,

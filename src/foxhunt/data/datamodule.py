@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,11 @@ class DataSchema:
     target_kind: str  # return | level
     encoder_length: int
     prediction_length: int
-    input_mean: list[float]  # per encoder column: [target] + observed + known
-    input_std: list[float]
-    static_mean: list[float]
-    static_std: list[float]
+    # normalization, from the training split (empty until the data module computes it)
+    input_mean: list[float] = field(default_factory=list)  # per encoder column
+    input_std: list[float] = field(default_factory=list)
+    static_mean: list[float] = field(default_factory=list)
+    static_std: list[float] = field(default_factory=list)
 
     @property
     def encoder_columns(self) -> list[str]:
@@ -217,10 +218,6 @@ def describe(cfg: Any) -> DataSchema:
         target_kind=resolve_target_kind(cfg),
         encoder_length=cfg.encoder_length,
         prediction_length=cfg.prediction_length,
-        input_mean=[],
-        input_std=[],
-        static_mean=[],
-        static_std=[],
     )
 
 
@@ -294,10 +291,6 @@ class ParquetDataModule(L.LightningDataModule):
             target_kind=loaded.target_kind,
             encoder_length=cfg.encoder_length,
             prediction_length=cfg.prediction_length,
-            input_mean=[],
-            input_std=[],
-            static_mean=[],
-            static_std=[],
         )
         if self.fixed_schema is not None:
             self.fixed_schema.check_matches(schema)
