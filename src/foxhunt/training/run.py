@@ -293,7 +293,7 @@ def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.d
             out["search_trials"] = cb.trials
         elif isinstance(cb, OOMBackoff):
             out["micro_batch_size"] = dict(cb.micro)
-            out["oom_backoffs"] = [{k: v for k, v in e.items()} for e in cb.events]
+            out["oom_backoffs"] = list(cb.events)
         elif isinstance(cb, OptimizerStateRelease):
             out["optimizer_state_released_mb"] = round(cb.released_bytes / 2**20, 3)
         elif isinstance(cb, MemoryLog):
