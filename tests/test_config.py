@@ -68,7 +68,7 @@ def test_unknown_key_fails_at_composition():
         ("data.val_fraction=0.9", "sum to less than 1"),
         ("memory.val_batch_size=big", "memory.val_batch_size must be a positive number"),
         ("memory.oom_backoff.factor=1", "memory.oom_backoff.factor must be > 1"),
-        ("precision.backend=torchao", "precision.backend='torchao' is not available"),
+        ("precision.backend=tensorrt", "precision.backend must be torch.ao or torchao"),
         ("precision.name=fp8", "precision.name must be fp32, bf16 or int8"),
     ],
 )

@@ -3,6 +3,7 @@ composition, before any data is read."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,9 +273,14 @@ def validate(cfg: Any) -> None:
         f"precision.name must be fp32, bf16 or int8, got {p.name!r}",
     )
     _check(
-        p.backend == "torch.ao",
-        f"precision.backend={p.backend!r} is not available: only torch.ao is installed and tested",
+        p.backend in ("torch.ao", "torchao"),
+        f"precision.backend must be torch.ao or torchao, got {p.backend!r}",
     )
+    if p.name == "int8" and p.backend == "torchao":
+        _check(
+            importlib.util.find_spec("torchao") is not None,
+            "precision.backend=torchao needs torchao: pip install torchao",
+        )
     _check(
         p.qat_start_epoch >= 0, f"precision.qat_start_epoch must be >= 0, got {p.qat_start_epoch}"
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 
 from foxhunt.models import TemporalFusionTransformer
@@ -23,9 +26,22 @@ INIT = dict(
 )
 
 
-def trained_qat_model(steps: int = 5) -> tuple[TemporalFusionTransformer, dict]:
+BACKENDS = [
+    "torch.ao",
+    pytest.param(
+        "torchao",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("torchao") is None, reason="torchao is not installed"
+        ),
+    ),
+]
+
+
+def trained_qat_model(
+    steps: int = 5, backend: str = "torch.ao"
+) -> tuple[TemporalFusionTransformer, dict]:
     torch.manual_seed(0)
-    model = prepare_qat(TemporalFusionTransformer(**INIT))
+    model = prepare_qat(TemporalFusionTransformer(**INIT), backend=backend)
     batch = make_batch(model, cardinalities=(3,))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
@@ -62,8 +78,9 @@ def test_qat_state_survives_a_checkpoint_round_trip():
         torch.testing.assert_close(fresh(batch), model(batch))
 
 
-def test_export_is_small_loads_in_one_call_and_matches_the_fake_quant_model(tmp_path):
-    model, batch = trained_qat_model()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_export_is_small_loads_in_one_call_and_matches_the_fake_quant_model(tmp_path, backend):
+    model, batch = trained_qat_model(backend=backend)
     path = tmp_path / "model_int8.pt"
     int8_bytes = export_int8(model, INIT, path)
     assert path.stat().st_size == int8_bytes
@@ -82,8 +99,10 @@ def tiny(path, *extra):
     )
 
 
-def test_int8_run_exports_and_scores_the_int8_model(tmp_path, table_path):
-    summary = train(tiny(table_path, "precision=int8", "trainer.max_epochs=2"), tmp_path / "run")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_run_exports_and_scores_the_int8_model(tmp_path, table_path, backend):
+    cfg = tiny(table_path, "precision=int8", f"precision.backend={backend}", "trainer.max_epochs=2")
+    summary = train(cfg, tmp_path / "run")
     for key in ("int8_test_loss", "fp32_equivalent_test_loss", "export_bytes_int8"):
         assert summary[key] > 0
     assert summary["export_bytes_int8"] < summary["export_bytes_fp32"]

@@ -1,6 +1,7 @@
-"""int8 quantization-aware training and export, on torch.ao.quantization's fake-quant modules.
+"""int8 quantization-aware training and export, on torch.ao.quantization's fake-quant modules
+(precision.backend=torch.ao) or torchao's (precision.backend=torchao).
 
-The only file that knows the QAT backend: moving to torchao's QATConfig is a change here.
+The only file that knows the QAT backends.
 
 Why not torch.ao's eager `prepare_qat`/`convert`: they swap `nn.Linear` modules and quantize
 what flows through their `forward`, but the TFT uses most of its weights functionally (the
@@ -22,6 +23,7 @@ fake-quant model's), inputs rounded to the learned int8 grid, the LSTMs dynamica
 from __future__ import annotations
 
 import io
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ with warnings.catch_warnings():
         MovingAveragePerChannelMinMaxObserver,
     )
 
+from foxhunt.errors import ConfigError
 from foxhunt.models.blocks import GroupedLinear
 from foxhunt.models.tft import TemporalFusionTransformer
 
@@ -79,6 +82,33 @@ def _activation_fake_quant() -> FakeQuantize:
     )
 
 
+def _torchao() -> Any:
+    """torchao's int8 fake quantizers (precision.backend=torchao), or a clear error."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)  # its CUDA-only kernels fail to load
+    try:
+        from torchao.quantization import PerToken
+        from torchao.quantization.qat import IntxFakeQuantizeConfig
+        from torchao.quantization.qat.fake_quantizer import IntxFakeQuantizer
+    except ImportError:
+        raise ConfigError("precision.backend=torchao needs torchao: pip install torchao") from None
+
+    def weight(in_features: int) -> nn.Module:  # symmetric int8 per row, scale max|w| / 127.5
+        return IntxFakeQuantizer(
+            IntxFakeQuantizeConfig(torch.int8, group_size=in_features, is_symmetric=True)
+        )
+
+    def activation() -> nn.Module:  # asymmetric int8 per token, ranges taken at run time
+        return IntxFakeQuantizer(
+            IntxFakeQuantizeConfig(torch.int8, granularity=PerToken(), is_symmetric=False)
+        )
+
+    return weight, activation
+
+
+def _is_torchao(module: nn.Module) -> bool:
+    return type(module).__name__ == "IntxFakeQuantizer"
+
+
 class _TracedWeightFakeQuant(nn.Module):
     """For the memory estimator's FakeTensorMode trace: the same fake-quant kernel (same output
     and saved mask) with fixed ranges, since observers need real values."""
@@ -98,10 +128,10 @@ class WeightFakeQuant(nn.Module):
     """Parametrization: the weight as int8 would store it. Channels are the rows of a Linear
     weight [out, in], and (variable, output) pairs of a stacked weight [n, in, out]."""
 
-    def __init__(self, stacked: bool, traced: bool = False) -> None:
+    def __init__(self, stacked: bool, fq: nn.Module) -> None:
         super().__init__()
         self.stacked = stacked
-        self.fq = _TracedWeightFakeQuant() if traced else _weight_fake_quant()
+        self.fq = fq
 
     def forward(self, w: Tensor) -> Tensor:
         if not self.stacked:
@@ -125,19 +155,29 @@ def _quantized_weights(model: nn.Module) -> list[tuple[str, nn.Module, bool]]:
 
 
 def _fake_quant_input(module: nn.Linear, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    module.called = True  # as a module: its input is quantized (a folded weight's is not)
     return (module.input_fq(args[0]), *args[1:])
 
 
 def prepare_qat(
-    model: TemporalFusionTransformer, traced: bool = False
+    model: TemporalFusionTransformer, traced: bool = False, backend: str = "torch.ao"
 ) -> TemporalFusionTransformer:
     """Add the fake quantization described in the module docstring, in place. `traced`: the
-    observer-free stand-in for a FakeTensorMode memory trace."""
-    explain_deprecation()
+    observer-free stand-in for a FakeTensorMode memory trace. `backend`: torch.ao (static
+    ranges from observers) or torchao (weight ranges from the weights, input ranges per token
+    at run time; no observers)."""
+    if traced:
+        weight, activation = (lambda _: _TracedWeightFakeQuant()), _TracedActivationFakeQuant
+    elif backend == "torchao":
+        weight, activation = _torchao()
+    else:
+        explain_deprecation()
+        weight, activation = (lambda _: _weight_fake_quant()), _activation_fake_quant
     for _, module, stacked in _quantized_weights(model):
-        parametrize.register_parametrization(module, "weight", WeightFakeQuant(stacked, traced))
+        fq = weight(module.weight.shape[1])  # a row of [out, in] or of stacked [n, in, out]
+        parametrize.register_parametrization(module, "weight", WeightFakeQuant(stacked, fq))
         if isinstance(module, nn.Linear):
-            module.input_fq = _TracedActivationFakeQuant() if traced else _activation_fake_quant()
+            module.input_fq = activation()
             module.register_forward_pre_hook(_fake_quant_input)
     model.qat = True
     return model
@@ -156,6 +196,9 @@ def fake_quant_modules(model: nn.Module) -> list[FakeQuantize]:
 
 def set_qat_phase(model: nn.Module, observe: bool, fake_quant: bool) -> None:
     """Observers on/off (off = ranges frozen), fake quantization on/off (off = float)."""
+    for m in model.modules():
+        if _is_torchao(m):  # no observers: ranges come from the values themselves
+            m.enabled = fake_quant
     for fq in fake_quant_modules(model):
         (fq.enable_observer if observe else fq.disable_observer)()
         (fq.enable_fake_quant if fake_quant else fq.disable_fake_quant)()
@@ -164,9 +207,12 @@ def set_qat_phase(model: nn.Module, observe: bool, fake_quant: bool) -> None:
 # --- export ---------------------------------------------------------------------------------
 
 
-def _int8(w: Tensor, stacked: bool, fq: FakeQuantize) -> tuple[Tensor, Tensor]:
+def _int8(w: Tensor, stacked: bool, fq: nn.Module) -> tuple[Tensor, Tensor]:
     rows = w.transpose(1, 2).reshape(-1, w.shape[1]) if stacked else w
-    scale = fq.scale.detach().to(torch.float32)
+    if _is_torchao(fq):  # its scale is the row's, computed as torchao does
+        scale = rows.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).eps) / 127.5
+    else:  # the observed (and frozen) scale
+        scale = fq.scale.detach().to(torch.float32)
     q = torch.clamp(torch.round(rows / scale[:, None]), -128, 127).to(torch.int8)
     return q, scale
 
@@ -206,12 +252,17 @@ def export_int8(model: TemporalFusionTransformer, init: dict[str, Any], path: Pa
                     key = f"{name}.{pname}"
                     weights[key] = {"q": q, "scale": scale, "shape": w.shape, "stacked": False}
                     quantized.add(key)
-    # the inputs' int8 ranges, so inference quantizes activations exactly as training did
-    activations = {
-        name: (float(m.input_fq.scale), int(m.input_fq.zero_point))
-        for name, m, _ in _quantized_weights(model)
-        if hasattr(m, "input_fq")
-    }
+    # how each Linear's input was quantized, so inference does exactly the same: the learned
+    # int8 range (torch.ao), or per token at run time (torchao)
+    activations: dict[str, Any] = {}
+    for name, m, _ in _quantized_weights(model):
+        fq = getattr(m, "input_fq", None)
+        if fq is None:
+            continue
+        if not _is_torchao(fq):
+            activations[name] = (float(fq.scale), int(fq.zero_point))
+        elif getattr(m, "called", False):  # (a folded weight's Linear never sees an input)
+            activations[name] = "per_token"
     # the rest (biases, norms, prescalers, the float head: ~7% of tft_small) in float16
     floats = {
         k: v.half() if v.is_floating_point() else v
@@ -247,8 +298,12 @@ def load_int8(path: str | Path) -> TemporalFusionTransformer:
     model.load_state_dict(state)
     model.eval()
     modules = dict(model.named_modules())
-    for name, (scale, zero_point) in blob["activations"].items():
-        modules[name].register_forward_pre_hook(_QuantizeInput(scale, zero_point))
+    for name, scheme in blob["activations"].items():
+        if scheme == "per_token":
+            modules[name].input_fq = _torchao()[1]()
+            modules[name].register_forward_pre_hook(_fake_quant_input)
+        else:
+            modules[name].register_forward_pre_hook(_QuantizeInput(*scheme))
     with warnings.catch_warnings():  # explained once by explain_deprecation()
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions")

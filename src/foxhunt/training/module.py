@@ -47,7 +47,7 @@ def build_model(
     memory trace)."""
     tft = TemporalFusionTransformer(**model_init(model, schema))
     if precision and precision.get("name") == "int8":
-        prepare_qat(tft, traced)
+        prepare_qat(tft, traced, precision.get("backend", "torch.ao"))
     return tft
 
 
