@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -47,8 +46,8 @@ class LiveTensorBytes(TorchDispatchMode):
         self.peak = self.live
 
     def _add(self, t: torch.Tensor) -> None:
-        if t.device.type != "cpu" or t.is_meta or isinstance(t, FakeTensor):
-            return  # (the estimator's fake tensors have no memory)
+        if t.device.type != "cpu" or t.is_meta:
+            return
         storage = t.untyped_storage()
         key = storage.data_ptr() or id(storage)
         if key in self._storages:

@@ -290,6 +290,12 @@ def _precision_note(name: str) -> str:
     }[name]
 
 
+def _batch_sizes(cfg: Any, batch_size: int | None, val_batch_size: int | None) -> tuple[int, int]:
+    """The sizes to plan: as given, else data.batch_size and memory.val_batch_size (or the same)."""
+    batch_size = batch_size or cfg.data.batch_size
+    return batch_size, val_batch_size or fixed_val_batch_size(cfg) or batch_size
+
+
 def estimate(
     cfg: Any,
     batch_size: int | None = None,
@@ -301,8 +307,7 @@ def estimate(
     """Peak memory of one training step (optimizer state already created) at `batch_size` and
     of one validation step at `val_batch_size`, for the composed Hydra config `cfg`."""
     plan = _plan(cfg, schema, device)
-    batch_size = batch_size or cfg.data.batch_size
-    val_batch_size = val_batch_size or fixed_val_batch_size(cfg) or batch_size
+    batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
     notes = [_precision_note(plan.precision["name"])]
     if plan.device == "cuda":
         notes.append(
@@ -329,8 +334,7 @@ def measure(
     """Peak MB of one real training step and one real validation step on `device`: live tensor
     bytes (MemTracker) everywhere, plus the allocator's peaks on CUDA."""
     plan = _plan(cfg, schema, device)
-    batch_size = batch_size or cfg.data.batch_size
-    val_batch_size = val_batch_size or fixed_val_batch_size(cfg) or batch_size
+    batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
     result = {}
     for kind, b, train in (("train", batch_size, True), ("val", val_batch_size, False)):
         parts = run_step(plan, b, train, fake=False, device=plan.device)
