@@ -5,9 +5,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from foxhunt import cli
+from foxhunt.sweep import finished_job
 from foxhunt.training.run import train
 
 
@@ -15,10 +17,12 @@ from foxhunt.training.run import train
 @cli.task
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
-    summary = train(
-        cfg, Path(hydra_cfg.runtime.output_dir), overrides=list(hydra_cfg.overrides.task)
-    )
-    print(json.dumps(summary))
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    summary = finished_job(cfg, run_dir)  # +sweep.resume=true: a finished job is not re-run
+    if summary is None:
+        summary = train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
+    if rank_zero_only.rank == 0:  # under DDP every process runs this script; one prints
+        print(json.dumps(summary))
     return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
 
 

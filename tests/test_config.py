@@ -32,6 +32,7 @@ def compose_train(*overrides: str):
         ["memory=search"],
         ["precision=int8"],
         ["precision=bf16"],
+        ["trainer=ddp"],
         ["data=parquet", "data.path=/tmp/x.parquet", "data.target=close"],
     ],
 )

@@ -1,4 +1,5 @@
-"""Entry-point plumbing shared by the scripts: one-line user errors and exit code 2."""
+"""Entry-point plumbing shared by the scripts: one-line user errors and exit code 2, an
+interrupted run's exit, and re-running a sweep into its own directory (`+sweep.resume=true`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from foxhunt.config import register_configs
 from foxhunt.errors import FoxhuntError
+from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2
 _task_started = False
@@ -32,10 +36,17 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             print(f"error: {exc}", file=sys.stderr)
             if _in_multirun():
-                # one invalid combination fails its job, not the sweep; the summary shows it
-                _record_invalid(str(exc))
-                return float("nan")
+                # one invalid combination fails its job, not the sweep; the summary shows it.
+                # inf, not NaN: the Optuna sweeper aborts the study on a NaN, and every
+                # optimized_metric is a loss (minimised)
+                _record_status("invalid", str(exc))
+                return float("inf")
             sys.exit(EXIT_USER_ERROR)
+        except Interrupted as exc:
+            # the whole command stops (a sweep too); the sweep summary will show this job
+            print(f"interrupted: {exc}", file=sys.stderr)
+            _record_status("interrupted", str(exc))
+            sys.exit(128 + exc.signum)
 
     return wrapper
 
@@ -47,18 +58,67 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _record_invalid(error: str) -> None:
+def _record_status(status: str, error: str) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    if not HydraConfig.initialized():
+        return
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "status.json").write_text(json.dumps({"status": "invalid", "error": error}) + "\n")
+    (out / "status.json").write_text(json.dumps({"status": status, "error": error}) + "\n")
+
+
+def _is_override(arg: str, key: str) -> bool:
+    return not arg.startswith("-") and arg.split("=", 1)[0].lstrip("+~") == key
+
+
+def _task_overrides(args: list[str]) -> set[str]:
+    """What identifies a sweep: its task overrides (hydra.* and the resume switch aside), as
+    Hydra records them in the sweep's multirun.yaml."""
+    return {
+        a
+        for a in args
+        if "=" in a
+        and not a.startswith("-")
+        and not a.lstrip("+~").startswith("hydra")
+        and not _is_override(a, "sweep.resume")
+    }
+
+
+def resume_sweep(argv: list[str], root: Path = Path("multirun")) -> list[str]:
+    """`-m ... +sweep.resume=true` without a hydra.sweep.dir: send the sweep into the newest
+    earlier sweep directory of the same command under `root` (found by its multirun.yaml),
+    where its finished jobs are skipped and its interrupted jobs resume from their last.ckpt."""
+    resume = any(_is_override(a, "sweep.resume") and a.endswith("=true") for a in argv)
+    if not resume or not {"-m", "--multirun"} & set(argv):
+        return argv
+    if any(_is_override(a, "hydra.sweep.dir") for a in argv):
+        return argv
+    wanted = _task_overrides(argv)
+    found = [
+        p
+        for p in root.glob("*/*/multirun.yaml")
+        if _task_overrides(list(OmegaConf.load(p).hydra.overrides.task)) == wanted
+    ]
+    if not found:
+        raise FoxhuntError(
+            f"+sweep.resume=true found no earlier sweep of this command (same overrides) "
+            f"under {root.resolve()}; give hydra.sweep.dir=<its directory> or drop the switch"
+        )
+    sweep_dir = max(found, key=lambda p: p.stat().st_mtime).parent
+    print(f"sweep.resume: continuing the sweep in {sweep_dir}", file=sys.stderr)
+    return [*argv, f"hydra.sweep.dir={sweep_dir}"]
 
 
 def run(hydra_main: Callable[[], Any]) -> None:
     """Call a `@hydra.main` function. Hydra exits 1 when an override is invalid, before any
     task starts; that is the user's error too, so it exits 2 like the others."""
     register_configs()
+    try:
+        sys.argv[1:] = resume_sweep(sys.argv[1:])
+    except FoxhuntError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     try:
         hydra_main()
     except SystemExit as exc:

@@ -54,6 +54,10 @@ class DataConfig:
     num_workers: int = 0
     nan_policy: str = "error"  # error | ffill | drop
     generate_if_missing: bool = False  # the bundled sample is generated on first use
+    # auto | true | false: read one instrument at a time into a disk-backed window store
+    # (foxhunt.data.store); auto when the in-memory path would need over half the free memory
+    lazy: Any = "auto"
+    cache_dir: str | None = None  # the window store's folder; None: .foxhunt-cache by the data
 
 
 @dataclass
@@ -75,6 +79,9 @@ class OptimConfig:
     weight_decay: float = 1e-2
     schedule: str = "cosine"  # cosine (linear warm-up then cosine) | onecycle | none
     warmup_fraction: float = 0.05
+    # the schedule's length in epochs; None: trainer.max_epochs. Set it to stop early and
+    # resume later on the same schedule (train 2 of 4 epochs, resume to 4 = 4 straight).
+    schedule_epochs: int | None = None
 
 
 @dataclass
@@ -90,7 +97,8 @@ class PrecisionConfig:
 class TrainerConfig:
     max_epochs: int = 3
     accelerator: str = "auto"
-    devices: Any = "auto"
+    devices: Any = "auto"  # with strategy=ddp: processes per node (trainer=ddp trainer.devices=N)
+    strategy: str = "auto"  # auto | ddp (conf/trainer/ddp.yaml) | another Lightning strategy name
     gradient_clip_val: float | None = 1.0
     log_every_n_steps: int = 50
     limit_train_batches: Any = None  # None = all batches (Lightning's default)
@@ -168,6 +176,7 @@ class TrainConfig:
     ckpt_path: str | None = None
     resume: str | None = None  # auto | auto_or_new: the newest last.ckpt of this experiment
     optimized_metric: str = "val_loss"  # what train.py returns to a Hydra sweeper
+    report: bool = True  # report.md, interpretation.json and plots in the run directory
 
 
 def register_configs() -> None:
@@ -204,6 +213,10 @@ def validate(cfg: Any) -> None:
         f"data.prediction_length must be positive, got {d.prediction_length}",
     )
     _check(d.batch_size > 0, f"data.batch_size must be positive, got {d.batch_size}")
+    _check(
+        o.schedule_epochs is None or o.schedule_epochs > 0,
+        f"optim.schedule_epochs must be positive or null, got {o.schedule_epochs}",
+    )
     _check(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
     _check(
         0 <= d.val_fraction < 1

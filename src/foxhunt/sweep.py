@@ -68,6 +68,16 @@ def _job(job_dir: Path) -> dict[str, Any]:
     return row
 
 
+def finished_job(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
+    """In a resumed sweep (`+sweep.resume=true`), the summary of a job that finished in an
+    earlier attempt: it is reported again, not re-run."""
+    summary = Path(job_dir) / "summary.json"
+    if not cfg.get("sweep", {}).get("resume") or not summary.is_file():
+        return None
+    log.info("sweep.resume: job %s finished earlier, not re-running it", Path(job_dir).name)
+    return json.loads(summary.read_text())
+
+
 def summarize(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """Write the three summary files of a sweep directory; return its rows."""
     sweep_dir = Path(sweep_dir)

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from tests.training.test_train import run_cli, tiny_overrides
+import lightning as L
+import pytest
+import torch
+
+from foxhunt.training.checkpointing import Interrupted
+from foxhunt.training.run import train
+from tests.test_config import compose_train
+from tests.training.test_train import ROOT, run_cli, tiny_overrides
 
 
 def _summary(result) -> dict:
@@ -43,3 +56,152 @@ def test_resume_auto_or_new_starts_fresh_when_allowed(tmp_path, table_path):
     summary = _summary(run_cli(*args, cwd=tmp_path))
     assert summary["resumed_from"] is None
     assert summary["epochs"] == 1
+
+
+def _weights(summary: dict) -> dict[str, torch.Tensor]:
+    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+
+
+def _val_losses(run_dir: Path, log: str = "csv") -> list[float]:
+    with open(run_dir / log / "metrics.csv") as f:
+        return [float(r["val_loss"]) for r in csv.DictReader(f) if r["val_loss"]]
+
+
+EXACT = ("trainer.deterministic=true", "optim.schedule=cosine", "model.dropout=0.1")
+
+
+def test_train_two_then_resume_to_four_equals_four_straight(tmp_path, table_path):
+    # the cosine schedule is sized by optim.schedule_epochs, so it does not depend on when the
+    # first run stops
+    common = (*EXACT, "optim.schedule_epochs=4")
+    straight = train(
+        compose_train(*tiny_overrides(table_path, *common, "trainer.max_epochs=4")),
+        tmp_path / "straight",
+    )
+    first = train(
+        compose_train(*tiny_overrides(table_path, *common, "trainer.max_epochs=2")),
+        tmp_path / "first",
+    )
+    resumed = train(
+        compose_train(
+            *tiny_overrides(
+                table_path, *common, "trainer.max_epochs=4", f"ckpt_path={first['last_checkpoint']}"
+            )
+        ),
+        tmp_path / "resumed",
+    )
+    assert resumed["epochs"] == straight["epochs"] == 4
+    _assert_same_weights(straight, resumed)
+    assert _val_losses(tmp_path / "resumed") == _val_losses(tmp_path / "straight")[2:]
+    assert resumed["metrics"] == straight["metrics"]
+
+
+class _SignalAt(L.Callback):
+    """Sends `signum` to this process after training batch `batch` of `epoch`."""
+
+    def __init__(self, signum: int, epoch: int, batch: int) -> None:
+        self.signum, self.epoch, self.batch = signum, epoch, batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            os.kill(os.getpid(), self.signum)
+
+
+class _Seen(L.Callback):
+    def __init__(self) -> None:
+        self.rows: dict[int, list[int]] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.rows.setdefault(trainer.current_epoch, []).extend(batch["index"].tolist())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_writes_a_checkpoint_and_resume_continues_the_epoch(tmp_path, table_path, signum):
+    args = tiny_overrides(table_path, *EXACT, "trainer.max_epochs=2")
+    straight_seen = _Seen()
+    straight = train(compose_train(*args), tmp_path / "straight", extra_callbacks=[straight_seen])
+
+    seen = _Seen()
+    with pytest.raises(Interrupted, match=f"{signal.Signals(signum).name} during epoch 1"):
+        train(
+            compose_train(*args), tmp_path / "cut", extra_callbacks=[_SignalAt(signum, 1, 3), seen]
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    last = tmp_path / "cut" / "checkpoints" / "last.ckpt"
+    assert not (tmp_path / "cut" / "summary.json").exists()
+
+    resumed_seen = _Seen()
+    resumed = train(
+        compose_train(*args, f"ckpt_path={last}"),
+        tmp_path / "resumed",
+        extra_callbacks=[resumed_seen],
+    )
+    # epoch 1 picks up where the interrupt left it: every window once, in the same order
+    assert seen.rows[1] + resumed_seen.rows[1] == straight_seen.rows[1]
+    assert 0 < len(resumed_seen.rows[1]) < len(straight_seen.rows[1])
+    assert resumed["global_step"] == straight["global_step"]
+    _assert_same_weights(straight, resumed)
+    assert resumed["metrics"] == straight["metrics"]
+
+
+def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_path):
+    run_dir = tmp_path / "run"
+    first = train(compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), run_dir)
+    metrics = (run_dir / "csv" / "metrics.csv").read_bytes()
+    best = Path(first["best_checkpoint"]).read_bytes()
+    args = tiny_overrides(
+        table_path, "trainer.max_epochs=2", f"ckpt_path={first['last_checkpoint']}"
+    )
+    resumed = train(compose_train(*args), run_dir)
+    assert resumed["epochs"] == 2 and resumed["resumed_from"] == first["last_checkpoint"]
+    assert (run_dir / "csv" / "metrics.csv").read_bytes() == metrics  # not deleted by Lightning
+    assert _val_losses(run_dir, "csv/resume-1")  # the continuation logs beside it
+    if Path(first["best_checkpoint"]).exists():  # unless a better epoch replaced it
+        assert Path(first["best_checkpoint"]).read_bytes() == best
+
+
+def _wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(root.glob(path_glob))
+        if found:
+            return found[0]
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
+
+
+def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table_path):
+    args = tiny_overrides(table_path, "trainer.max_epochs=50")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = _wait_for("outputs/*/*/checkpoints/last.ckpt", tmp_path, proc)  # epoch 0 done
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("interrupted: SIGINT during epoch "), message
+    assert f"wrote {last.resolve()}" in message or f"wrote {last}" in message
+    status = json.loads((last.parent.parent / "status.json").read_text())
+    assert status["status"] == "interrupted"
+    assert not (last.parent.parent / "summary.json").exists()
+
+    epoch = int(message.split("during epoch ")[1].split()[0])
+    resumed_args = tiny_overrides(table_path, f"trainer.max_epochs={epoch + 1}", "resume=auto")
+    resumed = _summary(run_cli(*resumed_args, cwd=tmp_path))
+    assert Path(resumed["resumed_from"]) == last.resolve()
+    assert resumed["epochs"] == epoch + 1

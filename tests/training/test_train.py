@@ -39,6 +39,7 @@ def tiny_overrides(path: Path, *extra: str) -> list[str]:
         "trainer.enable_model_summary=false",
         "trainer.accelerator=cpu",
         "trainer.log_every_n_steps=1",
+        "report=false",  # the report (about 1 s a run) has its own tests: tests/test_report.py
         *extra,
     ]
 

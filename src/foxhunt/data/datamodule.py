@@ -1,5 +1,6 @@
 """The Parquet LightningDataModule: chronological splits, train-only normalization and
-encoder/decoder windows as index arithmetic over contiguous float32 arrays."""
+encoder/decoder windows as index arithmetic over contiguous float32 arrays: in memory, or a
+disk-backed store built one instrument at a time (data.lazy, `foxhunt.data.store`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.loading import (
     Loaded,
@@ -24,6 +25,7 @@ from foxhunt.data.loading import (
     resolve_columns,
     resolve_target_kind,
 )
+from foxhunt.data.store import SPLITS, mean_std, open_store, split_starts, wants_lazy
 from foxhunt.errors import CheckpointError, DataError
 
 log = logging.getLogger(__name__)
@@ -168,22 +170,57 @@ def random_batch(
     }
 
 
-class EpochShuffle(Sampler[int]):
+class EpochShuffle(DistributedSampler):
     """A fresh permutation each epoch from (seed, epoch) alone, so a resumed run sees the same
-    order as an uninterrupted one; Lightning calls `set_epoch` at every epoch start."""
+    order as an uninterrupted one; Lightning calls `set_epoch` at every epoch start.
 
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
+    Under DDP, process `rank` of `world` takes every world-th index of that permutation, padded
+    as DistributedSampler pads (the first indices again) so that all take the same number of
+    steps: the processes' batches of B together are the single-process batches of world x B.
+    (A DistributedSampler subclass, so Lightning does not wrap it in another.)"""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1) -> None:
+        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        self.n = n
+        self.skip_epoch, self.skip = -1, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def resume(self, epoch: int, samples: int) -> None:
+        """Start `epoch` past its first `samples` indices: a run resumed mid-epoch."""
+        self.skip_epoch, self.skip = epoch, samples
+
     def __len__(self) -> int:
-        return self.n
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        order = torch.randperm(self.n, generator=g)
+        order = torch.cat([order, order[: self.total_size - self.n]])  # padding: < world indices
+        order = order[self.rank :: self.num_replicas]
+        if self.epoch == self.skip_epoch:
+            self.skip_epoch = -1  # only the resumed pass is shortened
+            order = order[self.skip :]
+        # as a tensor, converted a chunk at a time: a list of every index costs ~36 bytes each
+        # (400 MiB at 11 million windows), the tensor 8
+        for chunk in order.split(1 << 16):
+            yield from chunk.tolist()
+
+
+class EvalShard(DistributedSampler):
+    """Every world-th index from `rank`, in order and without padding: each window is scored
+    exactly once across the processes, so the summed metrics are the single-process ones."""
+
+    def __init__(self, n: int, rank: int = 0, world: int = 1) -> None:
+        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=False)
+        self.indices = range(rank, n, world)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
 
 
 def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -221,32 +258,6 @@ def describe(cfg: Any) -> DataSchema:
     )
 
 
-def _split_starts(n: int, cfg: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Window starts (relative to the series) of each split, and the number of train rows.
-
-    A window's decoder rows lie wholly inside one split; val/test encoders may reach back into
-    earlier splits (that is the past, not leakage)."""
-    E, H = cfg.encoder_length, cfg.prediction_length
-    n_test = int(round(n * cfg.test_fraction))
-    n_val = int(round(n * cfg.val_fraction))
-    n_train = n - n_val - n_test
-    if n_train < E + H:
-        raise DataError(
-            f"instrument {name} is too short: {n} usable rows leave {n_train} for training, "
-            f"one window needs encoder_length + prediction_length = {E + H}"
-        )
-
-    def starts(first_decoder: int, end: int) -> np.ndarray:
-        return np.arange(max(first_decoder - E, 0), end - E - H + 1, dtype=np.int64)
-
-    return (
-        starts(0, n_train),
-        starts(n_train, n_train + n_val),
-        starts(n_train + n_val, n),
-        n_train,
-    )
-
-
 class ParquetDataModule(L.LightningDataModule):
     """Parquet market data as TFT windows; `schema` (from a checkpoint) fixes the normalization."""
 
@@ -257,8 +268,10 @@ class ParquetDataModule(L.LightningDataModule):
         self.batch_size = cfg.batch_size  # the memory policy's batch-size search may change both
         self.val_batch_size = cfg.batch_size
         self.fixed_schema = schema
+        self.resume_at: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint
         self.schema: DataSchema | None = None
         self.datasets: dict[str, WindowDataset] = {}
+        self.store_path: Path | None = None  # the lazy path's window store (data.lazy)
 
     def prepare_data(self) -> None:
         if self.cfg.generate_if_missing:
@@ -268,13 +281,16 @@ class ParquetDataModule(L.LightningDataModule):
         if self.schema is not None:
             return
         self.prepare_data()
-        loaded = load(self.cfg)
-        self._build(loaded)
+        if wants_lazy(self.cfg):
+            self._build_lazy()
+        else:
+            self._build(load(self.cfg))
 
     def _build(self, loaded: Loaded) -> None:
+        """The in-memory path: every instrument at once, normalized into one tensor."""
         cfg = self.cfg
-        series = loaded.series
-        splits = [_split_starts(len(s.target), cfg, s.name) for s in series]
+        series = list(loaded.series)
+        splits = [split_starts(len(s.target), cfg, s.name) for s in series]
         offsets = np.cumsum([0] + [len(s.target) for s in series])[:-1]
         inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
         statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
@@ -296,11 +312,11 @@ class ParquetDataModule(L.LightningDataModule):
             self.fixed_schema.check_matches(schema)
             schema = dataclasses.replace(self.fixed_schema)
         else:
-            mean, std = _mean_std(inputs[train_rows])
+            mean, std = mean_std(inputs[train_rows])
             if loaded.target_kind == "return":
                 mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
             schema.input_mean, schema.input_std = mean.tolist(), std.tolist()
-            smean, sstd = _mean_std(statics)
+            smean, sstd = mean_std(statics)
             schema.static_mean, schema.static_std = smean.tolist(), sstd.tolist()
 
         normalized = (inputs - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
@@ -317,21 +333,61 @@ class ParquetDataModule(L.LightningDataModule):
         for g, s in zip(group_of_series, series, strict=True):
             static_by_group[g] = (s.static - schema.static_mean) / schema.static_std
         static_t = torch.from_numpy(static_by_group.astype(np.float32))
+        starts = {
+            split: np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])
+            for i, split in enumerate(SPLITS)
+        }
+        self._make_datasets(
+            schema, inputs_t, target_t, known_t, group_t, static_t, starts, len(series)
+        )
 
-        for i, split in enumerate(("train", "val", "test")):
-            starts = np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])
-            if len(starts) == 0 and (split == "train" or _fraction(cfg, split) > 0):
+    def _build_lazy(self) -> None:
+        """The lazy path: a disk-backed store built one instrument at a time (`data.store`)."""
+
+        def resolve(found: dict[str, Any]) -> dict[str, Any]:
+            if self.fixed_schema is None:
+                return found
+            self.fixed_schema.check_matches(DataSchema.from_dict(found))
+            return self.fixed_schema.to_dict()
+
+        fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
+        store = open_store(self.cfg, fixed, resolve)
+        self.store_path = store.path
+        log.info("data: %s the window store %s", "reusing" if store.reused else "built", store.path)
+        inputs, target, known, group, static = (
+            torch.from_numpy(a)
+            for a in (store.inputs, store.target, store.known, store.group, store.static)
+        )
+        schema = DataSchema.from_dict(store.schema)
+        self._make_datasets(
+            schema, inputs, target, known, group, static, store.starts, store.instruments
+        )
+
+    def _make_datasets(
+        self,
+        schema: DataSchema,
+        inputs: torch.Tensor,
+        target: torch.Tensor,
+        known: torch.Tensor,
+        group: torch.Tensor,
+        static: torch.Tensor,
+        starts: dict[str, np.ndarray],
+        instruments: int,
+    ) -> None:
+        cfg = self.cfg
+        for split in SPLITS:
+            if len(starts[split]) == 0 and (split == "train" or _fraction(cfg, split) > 0):
                 raise DataError(
                     f"the {split} split has no complete window: increase "
                     f"data.{split}_fraction or shorten data.encoder_length/prediction_length"
                 )
             self.datasets[split] = WindowDataset(
-                inputs_t,
-                target_t,
-                group_t,
-                static_t,
-                known_t,
-                starts,
+                inputs,
+                target,
+                group,
+                static,
+                known,
+                starts[split],
                 cfg.encoder_length,
                 cfg.prediction_length,
                 bool(cfg.group_column),
@@ -339,18 +395,42 @@ class ParquetDataModule(L.LightningDataModule):
         self.schema = schema
         log.info(
             "data: %d instruments, %d rows, %d features; windows train/val/test = %d/%d/%d",
-            len(series),
+            instruments,
             len(inputs),
             schema.num_features,
-            *(len(self.datasets[s]) for s in ("train", "val", "test")),
+            *(len(self.datasets[s]) for s in SPLITS),
         )
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def state_dict(self) -> dict[str, Any]:
+        """How far the training epoch got, for a checkpoint written mid-epoch (an interrupt):
+        resuming from it skips the batches already trained on (see `EpochShuffle.resume`)."""
+        if self.trainer is None:
+            return {}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"epoch": self.trainer.current_epoch, "batches_done": progress.processed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.resume_at = (state["epoch"], state["batches_done"]) if state else None
+
+    def _loader(self, split: str, shuffle: bool, sharded: bool = True) -> DataLoader:
+        """The split's loader; `sharded`: this process's share when the Trainer runs several
+        (DDP), else all windows."""
         dataset = self.datasets[split]
+        n = len(dataset)
+        rank, world = 0, 1
+        if sharded and self.trainer is not None:
+            rank, world = self.trainer.global_rank, self.trainer.world_size
+        if 0 < n < world:
+            raise DataError(
+                f"the {split} split has {n} windows for {world} processes (each needs one): "
+                f"increase data.{split}_fraction or use fewer trainer.devices"
+            )
         return DataLoader(
             dataset,
             batch_size=self.batch_size if split == "train" else self.val_batch_size,
-            sampler=EpochShuffle(len(dataset), self.seed) if shuffle else None,
+            sampler=EpochShuffle(n, self.seed, rank, world)
+            if shuffle
+            else EvalShard(n, rank, world),
             # its own generator: creating an iterator then draws no seed from the global RNG,
             # which dropout uses (and a resumed run must find as an uninterrupted one left it)
             generator=torch.Generator().manual_seed(self.seed),
@@ -360,21 +440,18 @@ class ParquetDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        loader = self._loader("train", shuffle=True)
+        if self.resume_at is not None:  # restored from a checkpoint written mid-epoch
+            epoch, batches_done = self.resume_at
+            loader.sampler.resume(epoch, batches_done * self.batch_size)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("val", shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def test_dataloader(self, sharded: bool = True) -> DataLoader:
+        return self._loader("test", shuffle=False, sharded=sharded)
 
 
 def _fraction(cfg: Any, split: str) -> float:
     return cfg.val_fraction if split == "val" else cfg.test_fraction
-
-
-def _mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if x.size == 0:
-        return np.zeros(x.shape[1]), np.ones(x.shape[1])
-    mean, std = x.mean(axis=0), x.std(axis=0)
-    return mean, np.where(std > 1e-12, std, 1.0)

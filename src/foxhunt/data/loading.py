@@ -1,9 +1,13 @@
 """Read Parquet with pyarrow, check it, and turn it into one contiguous block of rows per
-instrument, with the features in their TFT roles."""
+instrument, with the features in their TFT roles.
+
+`load` reads the whole projected table at once; `stream` yields the same series one instrument at
+a time, reading only the files (row groups) that hold it, so memory holds one instrument."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,7 @@ class Loaded:
     static: list[str]
     target: str
     target_kind: str
-    series: list[Series]
+    series: Iterable[Series]  # a list from `load`, an iterator from `stream`
 
 
 def _one_line(exc: Exception) -> str:
@@ -54,7 +58,8 @@ def open_dataset(path: str | Path) -> pads.Dataset:
     if not p.exists():
         raise DataError(f"data file not found: {p}")
     try:
-        dataset = pads.dataset(p, format="parquet")
+        # hive: a directory like symbol=ES/part-0.parquet provides the column `symbol`
+        dataset = pads.dataset(p, format="parquet", partitioning="hive")
         dataset.schema  # noqa: B018 - forces reading a footer, so a non-Parquet file fails here
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {p} as Parquet: {_one_line(exc)}") from None
@@ -135,8 +140,15 @@ def _group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[
     return codes.astype(np.int64), names
 
 
+def _nowhere(row: int) -> str:
+    return ""
+
+
 def _handle_non_finite(
-    columns: dict[str, np.ndarray], policy: str, group: str
+    columns: dict[str, np.ndarray],
+    policy: str,
+    group: str,
+    locate: Callable[[int], str] = _nowhere,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Apply data.nan_policy; return the columns and the mask of rows kept."""
     bad = {c: int((~np.isfinite(v)).sum()) for c, v in columns.items()}
@@ -146,8 +158,9 @@ def _handle_non_finite(
         return columns, keep
     if policy == "error":
         listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
+        first = min(int(np.argmax(~np.isfinite(columns[c]))) for c in bad)
         raise DataError(
-            f"NaN/inf values in instrument {group}: {listed}; "
+            f"NaN/inf values in instrument {group}{locate(first)}: {listed}; "
             "set data.nan_policy=ffill or data.nan_policy=drop to handle them"
         )
     if policy == "ffill":
@@ -188,77 +201,416 @@ def resolve_target_kind(cfg: Any) -> str:
 
 
 def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
-    """The instrument vocabulary, reading only the group column."""
+    """The instrument vocabulary, reading only the group column, a batch at a time."""
     if column is None:
         return []
-    values = pc.unique(dataset.to_table(columns=[column]).column(0))
-    return sorted(str(v) for v in values.to_pylist())
+    seen: set[str] = set()
+    for batch in dataset.to_batches(columns=[column]):
+        seen.update(str(v) for v in pc.unique(batch.column(0)).to_pylist())
+    return sorted(seen)
+
+
+def _time_kind(t: pa.DataType) -> str | None:
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "timestamp"
+    return "integer" if pa.types.is_integer(t) else None
+
+
+def check_files(dataset: pads.Dataset, cfg: Any, values: list[str]) -> None:
+    """Every file of a directory holds the columns to read with usable types, from its footer
+    alone; a DataError naming the file otherwise (pyarrow would fill a missing column with nulls
+    and fail a type mismatch deep in the scan)."""
+    if not isinstance(dataset, pads.FileSystemDataset) or len(dataset.files) < 2:
+        return
+    time_col = cfg.time_column
+    wanted = [time_col] + ([cfg.group_column] if cfg.group_column else []) + values
+    first: tuple[pa.DataType, str] | None = None
+    for fragment in dataset.get_fragments():
+        path = fragment.path
+        try:
+            schema = fragment.physical_schema
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"cannot read {path} as Parquet: {_one_line(exc)}") from None
+        partition = pads.get_partition_keys(fragment.partition_expression)
+        missing = [c for c in wanted if c not in schema.names and c not in partition]
+        if missing:
+            raise DataError(
+                f"missing column(s) {', '.join(missing)} in {path}; "
+                f"the file has: {', '.join(schema.names)}"
+            )
+        for c in values:
+            if c in schema.names and not _is_numeric(schema.field(c).type):
+                raise DataError(
+                    f"column '{c}' is {schema.field(c).type} in {path}, expected a numeric column"
+                )
+        if time_col not in schema.names:
+            continue
+        t = schema.field(time_col).type
+        if _time_kind(t) is None:
+            raise DataError(
+                f"time column '{time_col}' is {t} in {path}, expected a timestamp or integer"
+            )
+        if first is None:
+            first = (t, path)
+        elif _time_kind(t) != _time_kind(first[0]):
+            raise DataError(
+                f"time column '{time_col}' is {t} in {path} but {first[0]} in {first[1]}; "
+                "write every file with the same schema"
+            )
+
+
+@dataclass
+class _Plan:
+    """What to read and the role of every column; shared by `load` and `stream`."""
+
+    cfg: Any
+    observed: list[str]  # the model's observed inputs (derived ones with features=ohlcv)
+    known: list[str]  # the model's known inputs (calendar ones first with features=ohlcv)
+    user_known: list[str]  # data.known_features
+    static: list[str]
+    target: str
+    target_kind: str
+    values: list[str]  # the numeric columns read
+    spec: OhlcvSpec | None
+
+    def loaded(self, series: Iterable[Series]) -> Loaded:
+        return Loaded(self.observed, self.known, self.static, self.target, self.target_kind, series)
+
+
+def _plan(dataset: pads.Dataset, cfg: Any) -> _Plan:
+    observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
+    model_observed, model_known = model_inputs(cfg, observed, known)
+    return _Plan(
+        cfg=cfg,
+        observed=model_observed,
+        known=model_known,
+        user_known=known,
+        static=static,
+        target=target,
+        target_kind=resolve_target_kind(cfg),
+        values=values,
+        spec=_ohlcv_spec(cfg),
+    )
+
+
+def _series(
+    plan: _Plan,
+    name: str,
+    t: np.ndarray,
+    values: dict[str, np.ndarray],
+    locate: Callable[[int], str] = _nowhere,
+) -> Series | None:
+    """Check one instrument's rows and derive its features; None when no row is left.
+    `locate(row)` names the file of a row (" in <path>"), or is empty."""
+    cfg = plan.cfg
+    steps = np.diff(t)
+    if (steps <= 0).any():
+        i = int(np.argmax(steps <= 0)) + 1
+        raise DataError(
+            f"time column '{cfg.time_column}' is not strictly increasing in instrument "
+            f"{name} at its row {i} (of {len(t)}){locate(i)}; "
+            "sort the file by instrument and time"
+        )
+    cols, keep = _handle_non_finite(values, cfg.nan_policy, name, locate)
+    t = t[keep]
+    if len(t) == 0:
+        return None
+    if plan.spec is not None:
+        o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in _OHLCV_FIELDS)
+        try:
+            derived = derive_features(t, o, h, lo, c, v, plan.spec)
+        except DataError as exc:
+            raise DataError(f"{exc} in instrument {name}") from None
+        w = derived.warmup
+        obs = _stack(list(derived.observed.values()), len(t))[w:]
+        kn = _stack(list(derived.known.values()) + [cols[k] for k in plan.user_known], len(t))[w:]
+        y = cols[plan.target][w:] if cfg.target is not None else derived.target[w:]
+        t = t[w:]
+    else:
+        obs = _stack([cols[c] for c in plan.observed], len(t))
+        kn = _stack([cols[k] for k in plan.known], len(t))
+        y = cols[plan.target]
+    st = np.array([cols[s][0] for s in plan.static], dtype=np.float64)
+    for s in plan.static:
+        if np.ptp(cols[s]) > 0:
+            raise DataError(f"static feature '{s}' varies within instrument {name}")
+    for label, block, names in (
+        ("feature", obs, plan.observed),
+        ("known feature", kn, plan.known),
+    ):
+        finite = np.isfinite(block).all(axis=0)
+        if not finite.all():
+            bad = [names[i] for i in np.flatnonzero(~finite)]
+            raise DataError(f"derived {label}(s) {', '.join(bad)} not finite in {name}")
+    return Series(name, t, obs, kn, st, y)
 
 
 def load(cfg: Any) -> Loaded:
     """Read, check and shape the configured data; every user-fixable problem is a DataError."""
     dataset = open_dataset(cfg.path)
-    observed, known, static, target, raw_cols = resolve_columns(dataset.schema, cfg)
-    ohlcv = cfg.features == "ohlcv"
-    ohlcv_cols = [getattr(cfg.ohlcv, f) for f in _OHLCV_FIELDS] if ohlcv else []
-    projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + raw_cols
+    plan = _plan(dataset, cfg)
+    check_files(dataset, cfg, plan.values)
+    projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
     try:
         table = dataset.to_table(columns=projection)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {cfg.path}: {_one_line(exc)}") from None
+    return _from_table(plan, table)
+
+
+def load_table(table: pa.Table, cfg: Any) -> Loaded:
+    """`load` for a table already in memory (`cfg.path` only names it in messages)."""
+    return _from_table(_plan(pads.dataset(table), cfg), table)
+
+
+def _from_table(plan: _Plan, table: pa.Table) -> Loaded:
+    cfg = plan.cfg
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")
 
     time_ns = _time_ns(table, cfg.time_column)
-    codes, group_names = _group_codes(table, cfg.group_column)
-    values = {c: _as_float(table, c) for c in raw_cols}
-    user_known = list(known)
-    spec = _ohlcv_spec(cfg)
-    observed, known = model_inputs(cfg, observed, known)
-    target_kind = resolve_target_kind(cfg)
-
+    codes, names = _group_codes(table, cfg.group_column)
+    values = {c: _as_float(table, c) for c in plan.values}
     order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(group_names) + 1))
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
     series = []
-    for g, name in enumerate(group_names):
+    for g, name in enumerate(names):
         rows = order[bounds[g] : bounds[g + 1]]
-        t = time_ns[rows]
-        steps = np.diff(t)
-        if (steps <= 0).any():
-            i = int(np.argmax(steps <= 0)) + 1
+        s = _series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
+        if s is not None:
+            series.append(s)
+    return plan.loaded(series)
+
+
+# --- rows after the data: the known-future inputs of a forecast --------------------------------
+
+
+@dataclass
+class Future:
+    """One instrument's rows after its last target value: times and data.known_features."""
+
+    time_ns: np.ndarray  # int64, in file order
+    known: dict[str, np.ndarray]  # data.known_features, float64 (NaN where empty)
+
+
+def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]]:
+    """Take off each instrument's rows after its last target value (the target, or with
+    features=ohlcv the close, empty): the bars to forecast, whose known inputs may be given.
+    Returns the table without them and those rows by instrument."""
+    source = cfg.target if cfg.target is not None else cfg.ohlcv.close
+    if source not in table.column_names or cfg.time_column not in table.column_names:
+        return table, {}  # `load_table` names what is missing
+    empty = pc.is_null(table.column(source), nan_is_null=True).to_numpy(zero_copy_only=False)
+    if not empty.any():
+        return table, {}
+    codes, names = _group_codes(table, cfg.group_column)
+    future = np.zeros(table.num_rows, dtype=bool)
+    for g in np.unique(codes[empty]):
+        rows = np.flatnonzero(codes == g)
+        filled = np.flatnonzero(~empty[rows])
+        future[rows[filled[-1] + 1 if len(filled) else 0 :]] = True
+    if not future.any():
+        return table, {}
+    after = table.filter(pa.array(future))
+    t = _time_ns(after, cfg.time_column)
+    known = {k: _as_float(after, k) for k in cfg.known_features if k in after.column_names}
+    by_name = {}
+    for g in np.unique(codes[future]):
+        rows = codes[future] == g
+        by_name[names[g]] = Future(t[rows], {k: v[rows] for k, v in known.items()})
+    return table.filter(pa.array(~future)), by_name
+
+
+def known_at(cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray]) -> np.ndarray:
+    """The model's known inputs [rows, known] at `time_ns` (bars after the data): with
+    features=ohlcv the calendar encodings derived from the time, then data.known_features
+    from `user_known`."""
+    spec = _ohlcv_spec(cfg)
+    columns = []
+    if spec is not None and spec.calendar:
+        ones = np.ones(len(time_ns))  # prices do not enter the calendar encodings
+        columns += list(derive_features(time_ns, ones, ones, ones, ones, ones, spec).known.values())
+    columns += [user_known[k] for k in cfg.known_features]
+    return _stack(columns, len(time_ns))
+
+
+# --- the lazy path: one instrument at a time ----------------------------------------------------
+
+
+@dataclass
+class _Layout:
+    """Where each instrument's rows are: row groups, in file order (the order `load` reads)."""
+
+    pieces: list[pads.Fragment]  # every row group of every file
+    parts: dict[str, list[int]]  # instrument (sorted) -> the row groups holding its rows
+    shared: list[int]  # row groups holding several instruments
+
+
+def _layout(dataset: pads.Dataset, group: str | None) -> _Layout:
+    """Found from hive partition keys, or by reading the group column alone."""
+    pieces: list[pads.Fragment] = []
+    parts: dict[str, list[int]] = {}
+    shared: list[int] = []
+    for fragment in dataset.get_fragments():
+        partition = pads.get_partition_keys(fragment.partition_expression)
+        try:
+            row_groups = fragment.split_by_row_group()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"cannot read {fragment.path} as Parquet: {_one_line(exc)}") from None
+        for piece in row_groups:
+            if group is None:
+                names = {"series"}
+            elif group in partition:
+                names = {str(partition[group])}
+            else:
+                names = _names_in(piece, group)
+            if len(names) > 1:
+                shared.append(len(pieces))
+            for name in names:
+                parts.setdefault(name, []).append(len(pieces))
+            pieces.append(piece)
+    return _Layout(pieces, {name: parts[name] for name in sorted(parts)}, shared)
+
+
+def _names_in(piece: pads.Fragment, group: str) -> set[str]:
+    names: set[str] = set()
+    for batch in _batches(piece, [group]):
+        col = batch.column(0)
+        if col.null_count:
             raise DataError(
-                f"time column '{cfg.time_column}' is not strictly increasing in instrument "
-                f"{name} at its row {i} (of {len(rows)}); sort the file by instrument and time"
+                f"group column '{group}' has {col.null_count} null values in {piece.path}"
             )
-        cols, keep = _handle_non_finite(
-            {c: v[rows] for c, v in values.items()}, cfg.nan_policy, name
-        )
-        t = t[keep]
-        if len(t) == 0:
-            continue
-        if ohlcv:
-            o, h, lo, c, v = (cols[col] for col in ohlcv_cols)
-            derived = derive_features(t, o, h, lo, c, v, spec)
-            w = derived.warmup
-            obs = _stack(list(derived.observed.values()), len(t))[w:]
-            kn = _stack(list(derived.known.values()) + [cols[k] for k in user_known], len(t))[w:]
-            y = cols[target][w:] if cfg.target is not None else derived.target[w:]
-            t = t[w:]
-        else:
-            obs = _stack([cols[c] for c in observed], len(t))
-            kn = _stack([cols[k] for k in known], len(t))
-            y = cols[target]
-        st = np.array([cols[s][0] for s in static], dtype=np.float64)
-        for s in static:
-            if np.ptp(cols[s]) > 0:
-                raise DataError(f"static feature '{s}' varies within instrument {name}")
-        for label, block, names in (("feature", obs, observed), ("known feature", kn, known)):
-            finite = np.isfinite(block).all(axis=0)
-            if not finite.all():
-                bad = [names[i] for i in np.flatnonzero(~finite)]
-                raise DataError(f"derived {label}(s) {', '.join(bad)} not finite in {name}")
-        series.append(Series(name, t, obs, kn, st, y))
-    return Loaded(observed, known, static, target, target_kind, series)
+        names.update(str(v) for v in pc.unique(col).to_pylist())
+    return names
+
+
+def _batches(piece: pads.Fragment, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from piece.to_batches(columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read {piece.path}: {_one_line(exc)}") from None
+
+
+class _Spill:
+    """The rows of row groups that hold several instruments (files per month, say), sorted out
+    by instrument in one pass into a file per instrument: reading such a row group once per
+    instrument would decode it as many times as it has instruments."""
+
+    def __init__(self, folder: Path, plan: _Plan, names: list[str]) -> None:
+        self.folder, self.plan = folder, plan
+        self.stem = {name: folder / str(k) for k, name in enumerate(names)}
+        self.rows: dict[tuple[str, int], int] = {}  # (instrument, row group) -> rows spilled
+        self.open: dict[str, tuple[Any, Any]] = {}
+
+    def write(self, index: int, piece: pads.Fragment) -> None:
+        cfg = self.plan.cfg
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for batch in _batches(piece, [cfg.time_column, cfg.group_column, *self.plan.values]):
+            table = pa.Table.from_batches([batch])
+            t = _time_ns(table, cfg.time_column)
+            codes, names = _group_codes(table, cfg.group_column)
+            values = np.column_stack([_as_float(table, c) for c in self.plan.values])
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+            for g, name in enumerate(names):
+                rows = order[bounds[g] : bounds[g + 1]]
+                with open(f"{self.stem[name]}.time", "ab") as f:
+                    t[rows].tofile(f)
+                with open(f"{self.stem[name]}.values", "ab") as f:
+                    values[rows].tofile(f)
+                key = (name, index)
+                self.rows[key] = self.rows.get(key, 0) + len(rows)
+
+    def read(self, name: str, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows of `name` that row group `index` held (row groups are read in order)."""
+        if name not in self.open:
+            self.open[name] = (
+                open(f"{self.stem[name]}.time", "rb"),
+                open(f"{self.stem[name]}.values", "rb"),
+            )
+        time_f, values_f = self.open[name]
+        n, width = self.rows[(name, index)], len(self.plan.values)
+        t = np.fromfile(time_f, np.int64, count=n)
+        values = np.fromfile(values_f, np.float64, count=n * width).reshape(n, width)
+        return t, {c: values[:, j] for j, c in enumerate(self.plan.values)}
+
+    def done(self, name: str) -> None:
+        for f in self.open.pop(name, ()):
+            f.close()
+            Path(f.name).unlink()
+
+
+def _locator(paths: list[str], ends: np.ndarray) -> Callable[[int], str]:
+    """`locate(row)`: the file an instrument's row was read from, for error messages."""
+
+    def locate(row: int) -> str:
+        return f" in {paths[int(np.searchsorted(ends, row, side='right'))]}"
+
+    return locate
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _read_series(plan: _Plan, name: str, layout: _Layout, spill: _Spill) -> Series | None:
+    cfg = plan.cfg
+    shared = set(layout.shared)
+    times: list[np.ndarray] = []
+    columns: list[dict[str, np.ndarray]] = []
+    for i in layout.parts[name]:
+        if i in shared:
+            t, cols = spill.read(name, i)
+        else:  # the whole row group is this instrument's
+            piece = layout.pieces[i]
+            try:
+                table = piece.to_table(columns=[cfg.time_column, *plan.values])
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DataError(f"cannot read {piece.path}: {_one_line(exc)}") from None
+            t = _time_ns(table, cfg.time_column)
+            cols = {c: _as_float(table, c) for c in plan.values}
+        times.append(t)
+        columns.append(cols)
+    spill.done(name)
+    locate = _locator(
+        [layout.pieces[i].path for i in layout.parts[name]], np.cumsum([len(t) for t in times])
+    )
+    t = _concat(times)
+    values = {c: _concat([cols[c] for cols in columns]) for c in plan.values}
+    del times, columns
+    return _series(plan, name, t, values, locate)
+
+
+def stream(cfg: Any, scratch: Path) -> Loaded:
+    """`load`, one instrument at a time: `series` is an iterator, and each instrument is read
+    from the row groups that hold it (several files when it spans them), so memory holds one
+    instrument. Row groups that hold several instruments are first sorted out into files
+    under `scratch`, in one pass. Errors name the file of the offending rows."""
+    dataset = open_dataset(cfg.path)
+    plan = _plan(dataset, cfg)
+    check_files(dataset, cfg, plan.values)
+    layout = _layout(dataset, cfg.group_column)
+    if not layout.parts:
+        raise DataError(f"{cfg.path} has no rows")
+    spill = _Spill(scratch, plan, list(layout.parts))
+
+    def series() -> Iterator[Series]:
+        for i in layout.shared:
+            spill.write(i, layout.pieces[i])
+        for name in layout.parts:
+            s = _read_series(plan, name, layout, spill)
+            if s is not None:
+                yield s
+
+    return plan.loaded(series())
+
+
+def data_files(cfg: Any) -> list[Path]:
+    """The Parquet files the configured data consists of."""
+    dataset = open_dataset(cfg.path)
+    if isinstance(dataset, pads.FileSystemDataset):
+        return [Path(f) for f in dataset.files]
+    return [Path(cfg.path)]
 
 
 def _stack(columns: list[np.ndarray], rows: int) -> np.ndarray:

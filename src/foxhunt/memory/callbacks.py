@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from foxhunt.errors import FoxhuntError
@@ -35,7 +36,12 @@ class OOMBackoff(L.Callback):
     with `keep_effective_batch` restarts the batch with zeroed gradients and accumulates the
     micro-batches into one optimizer step (the same update as the whole batch); otherwise, and
     in validation, it resumes at the micro-batch that failed. No sample is skipped or counted
-    twice and the loader's batches stay as they are. The sizes are kept in checkpoints."""
+    twice and the loader's batches stay as they are. The sizes are kept in checkpoints.
+
+    Under DDP a training step is collective: after its micro-batches (or its first OOM) every
+    process reports whether it ran out of memory, and if any did, all shrink to the same size
+    and redo the step, so the one gradient all-reduce that follows always matches. Validation
+    steps stay per process (they hold no collective), each with its own micro-batch size."""
 
     def __init__(
         self,
@@ -54,9 +60,12 @@ class OOMBackoff(L.Callback):
         self.events: list[dict[str, Any]] = []
         self.device = torch.device("cpu")
         self.step = 0
+        self.strategy: Strategy | None = None
+        self.world_size = 1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.device = pl_module.device
+        self.strategy, self.world_size = trainer.strategy, trainer.world_size
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         self.step = trainer.global_step
@@ -64,26 +73,51 @@ class OOMBackoff(L.Callback):
     def run_chunks(self, n: int, kind: str, fn: Callable[[int, int], None], restart: bool) -> None:
         """Call fn(start, stop) over [0, n) in micro-batches; see the class docstring."""
         start = 0
-        while start < n:
+        while True:
             size = min(self.micro[kind] or n, n)
-            stop = min(start + size, n)
             error = None
             try:
-                fn(start, stop)
+                while start < n:
+                    stop = min(start + size, n)
+                    fn(start, stop)
+                    start = stop
             except torch.OutOfMemoryError as exc:
                 error = " ".join(str(exc).split())[:300]
-            if error is None:
-                start = stop
-                continue
-            # outside the except: the traceback and the tensors of its frames are gone now
-            free_memory(self.device)
-            self._shrink(kind, size, n, error)
+            failed = error is not None
+            if failed:  # outside the except: the traceback and its frames' tensors are gone
+                free_memory(self.device)
+            smaller = self._smaller(size) if failed else size
+            if kind == "train" and self.world_size > 1:  # before the step's gradient all-reduce
+                ranks, smaller = self._agree(failed, smaller)
+                if ranks and not failed:
+                    free_memory(self.device)
+                    error = f"out of memory on process {', '.join(map(str, ranks))}"
+                failed = bool(ranks)
+            if not failed:
+                return
+            self._shrink(kind, size, smaller, n, error)
             if restart:
                 start = 0
 
-    def _shrink(self, kind: str, size: int, n: int, error: str) -> None:
-        smaller = max(self.min_batch_size, int(size / self.factor))
+    def _smaller(self, size: int) -> int:
+        """The micro-batch size after an OOM at `size`; 0: none left to try."""
         if size <= self.min_batch_size or len(self.events) >= self.max_retries:
+            return 0
+        return max(self.min_batch_size, int(size / self.factor))
+
+    def _agree(self, failed: bool, smaller: int) -> tuple[list[int], int]:
+        """Across the DDP processes: which ran out of memory, and the smallest size proposed
+        (a process without an OOM proposes its current size; 0 gives up)."""
+        assert self.strategy is not None
+        # one max-reduce: a flag per process, and the negated size (its max is the min size)
+        report = torch.zeros(self.world_size + 1, dtype=torch.long, device=self.device)
+        report[self.strategy.global_rank] = int(failed)
+        report[-1] = -smaller
+        report = self.strategy.reduce(report, reduce_op="max").cpu()
+        return report[:-1].nonzero().flatten().tolist(), -int(report[-1])
+
+    def _shrink(self, kind: str, size: int, smaller: int, n: int, error: str) -> None:
+        if smaller == 0:
             why = (
                 f"out of memory at batch size {size} in {kind}"
                 if size <= self.min_batch_size

@@ -8,6 +8,10 @@ the safety margin free. The estimator's answer is the first trial; galloping and
 between the largest size that fit and the smallest that did not find the rest. Weights,
 optimizer state and RNG are restored after the trials, and the sizes are kept in checkpoints so
 a resumed run does not search again.
+
+Under DDP every process runs the same trials and takes the same decisions: the budget is the
+smallest of the processes' and a trial fits only if it fit on every process, so all end with
+the same sizes (the largest that fit everywhere).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class BatchSizeSearch(L.Callback):
         self.batch_size: int | None = None
         self.val_batch_size: int | None = None
         self.trials: list[dict[str, Any]] = []
+        self.strategy: Any = None  # the Trainer's, for the DDP processes' agreement
 
     def state_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "val_batch_size": self.val_batch_size}
@@ -74,11 +79,14 @@ class BatchSizeSearch(L.Callback):
     def _search(self, trainer: L.Trainer, module: L.LightningModule, datamodule: Any) -> None:
         mem = self.cfg.memory
         device = module.device
+        self.strategy = trainer.strategy
         budget_mb = mem.budget_mb if mem.budget_mb is not None else device_total(device) / MB
+        budget_mb = self._everywhere(budget_mb, "min")  # what each process has free differs
         self.limit = int((budget_mb - mem.safety_margin_mb) * MB)
         train_set, val_set = datamodule.datasets["train"], datamodule.datasets["val"]
-        cap = min(mem.batch_size_search.max_batch_size, len(train_set))
-        val_cap = min(mem.batch_size_search.max_batch_size, max(len(val_set), 1))
+        world = trainer.world_size  # DDP: no batch beyond one process's share of the windows
+        cap = min(mem.batch_size_search.max_batch_size, _share(len(train_set), world))
+        val_cap = min(mem.batch_size_search.max_batch_size, _share(len(val_set), world))
         self.max_trials = mem.batch_size_search.max_trials
         fixed_val = fixed_val_batch_size(self.cfg)
         separate_val = mem.val_batch_size == "auto"
@@ -121,6 +129,11 @@ class BatchSizeSearch(L.Callback):
             self.limit / MB,
         )
 
+    def _everywhere(self, value: float, op: str) -> float:
+        """`value` reduced over the DDP processes (min or max); itself in one process."""
+        x = torch.tensor(float(value), dtype=torch.float64, device=self.strategy.root_device)
+        return float(self.strategy.reduce(x, reduce_op=op))
+
     def _fit_at(self, b: int) -> bool:
         return any(t["batch_size"] == b and t["fits"] for t in self.trials)
 
@@ -159,7 +172,7 @@ class BatchSizeSearch(L.Callback):
         # outside the except: the failed step's tensors are released with its traceback
         free_memory(device)
         peak = _peak(device)
-        fits = error is None and peak <= self.limit
+        fits = bool(self._everywhere(error is None and peak <= self.limit, "min"))
         self.trials.append(
             {
                 "batch_size": batch_size if batch_size is not None else val_batch_size,
@@ -200,6 +213,11 @@ class _Snapshot:
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         self.module.train(self.training)
+
+
+def _share(n: int, world_size: int) -> int:
+    """The windows one of `world_size` processes gets of n (at least 1)."""
+    return max(-(-n // world_size), 1)
 
 
 def _batch(dataset: Any, size: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -225,9 +225,16 @@ def _dequant(q: Tensor, scale: Tensor, shape: torch.Size, stacked: bool) -> Tens
     return rows.reshape(n, o, i).transpose(1, 2).contiguous()
 
 
-def export_int8(model: TemporalFusionTransformer, init: dict[str, Any], path: Path) -> int:
+def export_int8(
+    model: TemporalFusionTransformer,
+    init: dict[str, Any],
+    path: Path,
+    schema: dict[str, Any] | None = None,
+) -> int:
     """Write the int8 export of a QAT model; returns its size in bytes. `init` are the
-    constructor arguments of the TFT (so `load_int8` needs nothing else)."""
+    constructor arguments of the TFT (so `load_int8` needs nothing else); `schema`, the data
+    schema (`DataSchema.to_dict()`: columns and normalization), lets `foxhunt.load` predict
+    from the export alone; `load_int8` ignores it."""
     weights: dict[str, Any] = {}
     quantized = set()
     for name, module, stacked in _quantized_weights(model):
@@ -269,8 +276,11 @@ def export_int8(model: TemporalFusionTransformer, init: dict[str, Any], path: Pa
         for k, v in model.state_dict().items()
         if k not in quantized and ".parametrizations." not in k and "input_fq" not in k
     }
+    blob = {"init": init, "int8": weights, "activations": activations, "float": floats}
+    if schema is not None:
+        blob["schema"] = schema
     buf = io.BytesIO()
-    torch.save({"init": init, "int8": weights, "activations": activations, "float": floats}, buf)
+    torch.save(blob, buf)
     Path(path).write_bytes(buf.getvalue())
     return len(buf.getvalue())
 

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import ParallelStrategy
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.datamodule import DataSchema
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import prepare_qat
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss, quantile_loss
+
+log = logging.getLogger(__name__)
 
 
 def model_init(model: dict[str, Any], schema: DataSchema) -> dict[str, Any]:
@@ -60,6 +66,24 @@ def _numpy_state(state: tuple) -> tuple:
     """numpy's RNG state with its key array as a tensor (what weights_only loading accepts)."""
     name, keys, pos, has_gauss, cached = state
     return name, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)
+
+
+def _no_backward_sync(strategy: Any) -> AbstractContextManager:
+    """DDP's no_sync: backward passes leave the gradients local (see training_step)."""
+    if isinstance(strategy, ParallelStrategy):
+        return strategy.block_backward_sync()
+    return nullcontext()
+
+
+def _average_gradients(params: Iterable[nn.Parameter], world_size: int) -> None:
+    """Average the gradients over the DDP processes: one all-reduce of them all, flattened
+    (the buffer DDP itself would keep)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = _flatten_dense_tensors(grads)
+    torch.distributed.all_reduce(flat)
+    flat /= world_size
+    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(averaged)
 
 
 def make_optimizer(params: Iterable[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
@@ -116,9 +140,11 @@ class TFTModule(L.LightningModule):
             "numpy": _numpy_state(np.random.get_state()),
             "python": random.getstate(),
         }
+        checkpoint["lr_schedule_steps"] = getattr(self, "_schedule_total", None)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng_states = checkpoint.get("rng_states")
+        self._resumed_schedule_steps = checkpoint.get("lr_schedule_steps")
 
     def on_train_start(self) -> None:
         # applied here, after the sanity check: every DataLoader iterator draws a seed from
@@ -153,6 +179,8 @@ class TFTModule(L.LightningModule):
             runner.run_chunks(n, kind, fn, restart)
 
     def _optimizer_step(self, optimizer: Any) -> None:
+        if self.trainer.world_size > 1:
+            _average_gradients(self.parameters(), self.trainer.world_size)
         clip = self.hparams.optim.get("gradient_clip_val")
         if clip:  # (Lightning's clip_gradients refuses fused optimizers under bf16-mixed;
             # no precision used here scales gradients, so plain clipping is right)
@@ -162,7 +190,10 @@ class TFTModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         # Manual optimization: a step may run as several micro-batches (OOM backoff). With
         # keep_effective_batch their gradients accumulate into one update equal to the whole
-        # batch's; without, each micro-batch is its own optimizer step.
+        # batch's; without, each micro-batch is its own optimizer step. Under DDP the backward
+        # passes do not synchronise (no_sync): every process runs its micro-batches, the
+        # backoff agrees on whether any ran out of memory (then all redo the step), and only
+        # then are the gradients averaged, once, in _optimizer_step.
         optimizer = self.optimizers()
         n = len(batch["target"])
         accumulate = getattr(getattr(self, "_chunk_runner", None), "keep_effective_batch", True)
@@ -177,16 +208,28 @@ class TFTModule(L.LightningModule):
             part = _rows(batch, start, stop)
             loss = quantile_loss(self.model(part), part["target"], self.quantiles)
             self.manual_backward(loss * ((stop - start) / n) if accumulate else loss)
-            if stop == n or not accumulate:
+            if not accumulate:
                 self._optimizer_step(optimizer)
             total = total + loss.detach() * (stop - start)
 
-        self._run_chunks(n, "train", run, restart=accumulate)
+        with _no_backward_sync(self.trainer.strategy):
+            self._run_chunks(n, "train", run, restart=accumulate)
+        if accumulate:
+            self._optimizer_step(optimizer)
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
         loss = total / n
-        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        # synced: every process logs the global batch's loss (all take the same steps)
+        self.log(
+            "train_loss",
+            loss,
+            on_step=True,
+            on_epoch=True,
+            prog_bar=True,
+            batch_size=n,
+            sync_dist=True,
+        )
         return loss
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> None:
@@ -221,12 +264,29 @@ class TFTModule(L.LightningModule):
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
+    def _schedule_steps(self) -> int:
+        total = max(int(self.trainer.estimated_stepping_batches), 1)  # also sizes the loader
+        epochs = self.hparams.optim.get("schedule_epochs")
+        if epochs:
+            total = epochs * max(int(self.trainer.num_training_batches), 1)
+        planned = getattr(self, "_resumed_schedule_steps", None)
+        if planned is not None and planned != total:
+            log.warning(
+                "the learning-rate schedule now spans %d steps, the checkpoint's run planned %d "
+                "(trainer.max_epochs changed?); set optim.schedule_epochs to keep one schedule "
+                "across resumes",
+                total,
+                planned,
+            )
+        self._schedule_total = total
+        return total
+
     def configure_optimizers(self) -> Any:
         cfg = self.hparams.optim
         optimizer = make_optimizer(self.parameters(), cfg)
         if cfg["schedule"] == "none":
             return optimizer
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        total = self._schedule_steps()
         if cfg["schedule"] == "onecycle":
             scheduler = torch.optim.lr_scheduler.OneCycleLR(
                 optimizer,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import io
 import json
 import logging
+import os
+import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +20,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 from foxhunt.config import validate
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
@@ -34,12 +41,17 @@ from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule, model_init
 
 log = logging.getLogger(__name__)
+# a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module records how far
+# the epoch got (ParquetDataModule.state_dict), which Lightning's warning does not know
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
-RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs")  # not part of what an experiment is
+# not part of what an experiment is
+RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs", "sweep.resume")
 SUMMARY_METRICS = (
     "val_loss",
     "test_loss",
@@ -63,20 +75,26 @@ def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
 
 
-def _logger(cfg: DictConfig, run_dir: Path) -> Logger:
+def _logger(cfg: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
+    # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
+    # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
+    version = ""
+    if resumed_in_place:
+        version = f"resume-{len(list(run_dir.glob(f'{cfg.logger.name}/resume-*'))) + 1}"
     if cfg.logger.name == "tensorboard":
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError(
                 'logger=tensorboard needs tensorboard: pip install -e ".[tensorboard]"'
             )
-        return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="")
-    return CSVLogger(save_dir=run_dir, name="csv", version="")
+        return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version=version)
+    return CSVLogger(save_dir=run_dir, name="csv", version=version)
 
 
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
-    """The newest `checkpoints/last.ckpt` of an earlier run of the same experiment: a sibling
-    run directory (outputs/<date>/<time>/) whose overrides equal `overrides` except the
-    resume ones (resume, ckpt_path, trainer.max_epochs)."""
+    """The newest `checkpoints/last.ckpt` of an earlier run of the same experiment: a run
+    directory beside this one (outputs/<date>/<time>/), or this one itself when it is run
+    again (a requeued cluster job), whose overrides equal `overrides` except the resume ones
+    (resume, ckpt_path, trainer.max_epochs, sweep.resume)."""
 
     def key(items: Sequence[str]) -> set[str]:
         return {o for o in items if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
@@ -86,10 +104,40 @@ def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
     for marker in Path(run_dir).resolve().parents[1].glob("*/*/.hydra/overrides.yaml"):
         previous = marker.parent.parent
         last = previous / "checkpoints" / "last.ckpt"
-        if previous != Path(run_dir).resolve() and last.is_file():
+        if last.is_file():
             if key(OmegaConf.load(marker)) == wanted:
                 found.append(last)
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> Path | None:
+    """The checkpoint this run continues from: `ckpt_path`, the newest earlier run of the
+    same experiment (`resume=auto`), or, for a job of a resumed sweep (`+sweep.resume=true`),
+    its own `checkpoints/last.ckpt` when an earlier attempt was interrupted."""
+    if cfg.resume is None:
+        if cfg.ckpt_path:
+            return Path(cfg.ckpt_path)
+        own = Path(run_dir) / "checkpoints" / "last.ckpt"
+        if cfg.get("sweep", {}).get("resume") and own.is_file():
+            log.info("sweep.resume: this job was interrupted; resuming it from %s", own)
+            return own
+        return None
+    if cfg.resume not in ("auto", "auto_or_new"):
+        raise ConfigError(f"resume must be auto or auto_or_new, got {cfg.resume!r}")
+    if cfg.ckpt_path:
+        raise ConfigError("give either ckpt_path or resume, not both")
+    found = find_previous_run(run_dir, overrides)
+    if found is not None:
+        log.info("resume=%s: resuming from %s", cfg.resume, found)
+    elif cfg.resume == "auto_or_new":
+        log.info("resume=auto_or_new: no earlier run of this experiment, starting fresh")
+    else:
+        raise CheckpointError(
+            f"resume=auto found no earlier run of this experiment (same overrides) with "
+            f"checkpoints/last.ckpt under {Path(run_dir).resolve().parents[1]}; "
+            "use resume=auto_or_new to start fresh"
+        )
+    return found
 
 
 def train(
@@ -111,25 +159,14 @@ def train(
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
 
-    ckpt_path, schema, resume_from = None, None, cfg.ckpt_path
-    if cfg.resume is not None:
-        if cfg.resume not in ("auto", "auto_or_new"):
-            raise ConfigError(f"resume must be auto or auto_or_new, got {cfg.resume!r}")
-        if cfg.ckpt_path:
-            raise ConfigError("give either ckpt_path or resume, not both")
-        resume_from = find_previous_run(run_dir, overrides)
-        if resume_from is not None:
-            log.info("resume=%s: resuming from %s", cfg.resume, resume_from)
-        elif cfg.resume == "auto_or_new":
-            log.info("resume=auto_or_new: no earlier run of this experiment, starting fresh")
-        else:
-            raise CheckpointError(
-                f"resume=auto found no earlier run of this experiment (same overrides) with "
-                f"checkpoints/last.ckpt under {Path(run_dir).resolve().parents[1]}; "
-                "use resume=auto_or_new to start fresh"
-            )
+    ckpt_path, schema = None, None
+    resume_from = resume_source(cfg, run_dir, overrides)
+    resumed_in_place = False
     if resume_from:
         ckpt_path, hparams = read_checkpoint_hparams(str(resume_from))
+        # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
+        # resumed sweep's job); otherwise the new run directory leaves the old one untouched
+        resumed_in_place = ckpt_path.parent == (Path(run_dir) / "checkpoints").resolve()
         schema = DataSchema.from_dict(hparams["schema"])
         changed = [
             k
@@ -162,33 +199,41 @@ def train(
     )
     module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
 
-    checkpoint = ModelCheckpoint(
+    checkpoint = BestCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best-{epoch}-{step}",
         monitor=cfg.callbacks.monitor,
         mode="min",
         save_top_k=cfg.callbacks.save_top_k,
-        save_last=True,
+    )
+    # last.ckpt, the latest state, every epoch: Lightning 2.6's save_last writes it only in a
+    # step that also saved a top-k checkpoint (with save_top_k=1, the best one, not the latest)
+    latest = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="last", enable_version_counter=False
     )
     memory = memory_callbacks(cfg)
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
     elif isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
-    callbacks: list[L.Callback] = [*memory, checkpoint, *extra_callbacks]
+    interrupt = GracefulInterrupt(run_dir / "checkpoints")
+    callbacks: list[L.Callback] = [*memory, interrupt, checkpoint, latest, *extra_callbacks]
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
     if cfg.callbacks.early_stopping_patience is not None:
         callbacks.append(
             EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
         )
+    trainer_cfg["strategy"] = _strategy(trainer_cfg["strategy"])
     trainer = L.Trainer(
         **trainer_cfg,
         precision=cfg.precision.trainer_precision,
         default_root_dir=run_dir,
-        logger=_logger(cfg, run_dir),
+        logger=_logger(cfg, run_dir, resumed_in_place),
         callbacks=callbacks,
     )
+    if trainer.world_size > 1:
+        _before_other_processes(cfg, trainer, ckpt_path)
     device = trainer.strategy.root_device
     held = [*module.parameters(), *module.buffers()]
     budget_mb = cfg.memory.budget_mb
@@ -199,7 +244,7 @@ def train(
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last, best_score = (
             checkpoint.best_model_path,
-            checkpoint.last_model_path,
+            latest.best_model_path,
             checkpoint.best_model_score,
         )
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
@@ -211,7 +256,9 @@ def train(
         "last_checkpoint": last,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "batch_size": datamodule.batch_size,
+        "batch_size": datamodule.batch_size,  # per process
+        "global_batch_size": datamodule.batch_size * trainer.world_size,
+        "world_size": trainer.world_size,  # DDP processes
         "val_batch_size": datamodule.val_batch_size,
         "num_features": datamodule.schema.num_features,
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
@@ -224,12 +271,18 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
-    if cfg.precision.name == "int8":
+    if cfg.precision.name == "int8" and trainer.is_global_zero:
         init = model_init(model_cfg, datamodule.schema)
         summary |= export_and_test_int8(module, init, datamodule, tested, run_dir / "checkpoints")
     summary["memory"] = memory_summary(cfg, memory, device)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if trainer.is_global_zero:  # under DDP every process has the summary; one writes it
+        partial = run_dir / "summary.json.partial"  # a reader never sees half a summary
+        partial.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(partial, run_dir / "summary.json")
+        if cfg.report:  # after the summary: nothing here can lose it
+            _report(cfg, run_dir, summary, module, datamodule)
+    trainer.strategy.barrier("summary")  # the other processes end with rank 0, not after it
     return summary
 
 
@@ -241,7 +294,7 @@ def export_and_test_int8(
     qat_model = module.model.eval()
     set_qat_phase(qat_model, observe=False, fake_quant=True)
     path = out_dir / "model_int8.pt"
-    int8_bytes = export_int8(qat_model, init, path)
+    int8_bytes = export_int8(qat_model, init, path, schema=datamodule.schema.to_dict())
     fp32 = io.BytesIO()
     torch.save(TemporalFusionTransformer(**init).state_dict(), fp32)
     int8_model = load_int8(path)
@@ -249,7 +302,7 @@ def export_and_test_int8(
     loss_sum = count = 0.0
     diffs, scale = [], []
     with torch.no_grad():
-        for batch in datamodule.test_dataloader():
+        for batch in datamodule.test_dataloader(sharded=False):
             pred = int8_model(batch)
             n = pred.numel()
             loss_sum += float(quantile_loss(pred, batch["target"], quantiles)) * n
@@ -267,6 +320,61 @@ def export_and_test_int8(
         "int8_vs_fake_quant_max_abs_diff_rel_std": float(diff.max()) / ref_std,
         "int8_vs_fake_quant_mean_abs_diff_rel_std": float(diff.mean()) / ref_std,
     }
+
+
+def _strategy(name: str) -> str | Strategy:
+    if name != "ddp":
+        return name
+    # DDP without its buffer broadcast in forward: the buffers here are constants (the
+    # quantiles), and the broadcast would be a collective in validation steps, whose number
+    # differs by process (torch 2.13 renamed the switch)
+    ddp_args = inspect.signature(DistributedDataParallel).parameters
+    key = "forward_sync_buffers" if "forward_sync_buffers" in ddp_args else "broadcast_buffers"
+    return DDPStrategy(**{key: False})
+
+
+def _before_other_processes(cfg: DictConfig, trainer: L.Trainer, ckpt_path: Path | None) -> None:
+    """Checks and hand-overs for DDP, whose other processes Lightning starts inside fit() by
+    re-running this command (with the same Hydra run directory, no .hydra of their own)."""
+    if cfg.memory.oom_backoff.enabled and not cfg.memory.oom_backoff.keep_effective_batch:
+        raise ConfigError(
+            "memory.oom_backoff.keep_effective_batch=false turns an OOM into extra optimizer "
+            "steps, which the other DDP processes would not take; keep it true with DDP"
+        )
+    strategy = trainer.strategy
+    if not isinstance(strategy.launcher, _SubprocessScriptLauncher):
+        return
+    if strategy.cluster_environment.creates_processes_externally:
+        return  # torchrun, SLURM: nothing is re-run, this is one of the processes
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ConfigError(
+            f"trainer.strategy={cfg.trainer.strategy} cannot run inside a Hydra multirun (-m): "
+            "Lightning starts the other processes by re-running the command, which would "
+            "re-run the whole sweep; run each combination as its own command"
+        )
+    if cfg.resume is not None:
+        # the re-run processes continue from the checkpoint this one resolved (resume=auto
+        # looks for the newest run, which may change meanwhile); ckpt_path and resume do not
+        # identify the experiment, so the re-run command stays the same experiment
+        resumed = f'"{ckpt_path}"' if ckpt_path else "null"
+        keep = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") != "resume"]
+        sys.argv[1:] = [*keep, f"ckpt_path={resumed}"]
+
+
+def _report(cfg: DictConfig, run_dir: Path, summary: dict, module: TFTModule, data: Any) -> None:
+    """report.md and the interpretation plots; a failure there is one warning, not a failed
+    run (the model and its summary are already written)."""
+    from foxhunt.report import report_run
+
+    try:
+        report_run(cfg, run_dir, summary, module, data)
+    except Exception as exc:  # noqa: BLE001 - any report failure is reported the same way
+        log.warning(
+            "the run report failed (%s: %s); the run itself is complete", type(exc).__name__, exc
+        )
 
 
 @contextmanager

@@ -1,0 +1,30 @@
+"""Forecast with a trained TFT: `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=x`.
+
+Loads a checkpoint (float32) or an int8 export (model_int8.pt), checks the data against the
+checkpoint's schema, forecasts the latest window of each instrument (every window with
+`predict.all_windows=true`) and writes predictions.parquet into the run directory
+(outputs/predict/<date>/<time>/) or `predict.out=`; prints a preview and where it wrote.
+The data config is the checkpoint's training run's, with `data.*` overrides on top.
+"""
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from foxhunt import cli
+from foxhunt.predict import predict_command, register_config
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
+@cli.task
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    predict_command(cfg, run_dir, list(hydra_cfg.overrides.task))
+
+
+if __name__ == "__main__":
+    register_config()
+    cli.run(main)

@@ -1,0 +1,404 @@
+"""The lazy path: instruments streamed one at a time into a disk-backed window store.
+
+The store holds the normalized float32 rows that `WindowDataset` indexes, as `numpy.memmap`
+arrays, so neither the data nor the store has to fit in memory (the OS page cache holds what is
+read). It is built in two passes that each hold one instrument or one chunk at a time:
+
+1. `loading.stream` yields one instrument's checked, derived float64 rows (row groups holding
+   several instruments are first sorted out by instrument into spill files, in one pass); they
+   are appended to a float64 scratch file while train-split moments are merged (Chan et al.'s
+   parallel update).
+2. The scratch file is read back in chunks and normalized into float32 exactly as the in-memory
+   path does (same float64 formula, then the cast), so both give the same numbers.
+
+A store is cached: a folder in `data.cache_dir` named after the data and a hash of the data
+files' paths, sizes and mtimes and of every data setting that shapes the rows. A re-run with the
+same data and config opens it without reading the Parquet files; a new build replaces the stores
+made earlier for the same data path.
+
+    inputs.f32   [rows, 1 + observed + known]  normalized, the target first
+    target.f32   [rows]                        column 0 of inputs, contiguous
+    known.f32    [rows, known]                 the trailing columns of inputs, contiguous
+    group.i64    [rows]                        index in the schema's instrument vocabulary
+    static.npy   [groups, static]              normalized static reals
+    train.i64, val.i64, test.i64               window starts of each split
+    meta.json    shapes and the schema (with its normalization); written last
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from foxhunt.data.loading import (
+    data_files,
+    model_inputs,
+    open_dataset,
+    resolve_columns,
+    stream,
+)
+from foxhunt.errors import ConfigError, DataError
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
+CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
+# settings that do not change the stored rows, so a change reuses the store
+_NOT_IN_KEY = {"path", "batch_size", "num_workers", "lazy", "cache_dir", "generate_if_missing"}
+
+
+def split_starts(n: int, cfg: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Window starts (relative to the series) of each split, and the number of train rows.
+
+    A window's decoder rows lie wholly inside one split; val/test encoders may reach back into
+    earlier splits (that is the past, not leakage)."""
+    E, H = cfg.encoder_length, cfg.prediction_length
+    n_test = int(round(n * cfg.test_fraction))
+    n_val = int(round(n * cfg.val_fraction))
+    n_train = n - n_val - n_test
+    if n_train < E + H:
+        raise DataError(
+            f"instrument {name} is too short: {n} usable rows leave {n_train} for training, "
+            f"one window needs encoder_length + prediction_length = {E + H}"
+        )
+
+    def starts(first_decoder: int, end: int) -> np.ndarray:
+        return np.arange(max(first_decoder - E, 0), end - E - H + 1, dtype=np.int64)
+
+    return (
+        starts(0, n_train),
+        starts(n_train, n_train + n_val),
+        starts(n_train + n_val, n),
+        n_train,
+    )
+
+
+def _floored(std: np.ndarray) -> np.ndarray:
+    return np.where(std > 1e-12, std, 1.0)
+
+
+def mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and population std (1 where the column is constant) of a [rows, cols]."""
+    if x.size == 0:
+        return np.zeros(x.shape[1]), np.ones(x.shape[1])
+    return x.mean(axis=0), _floored(x.std(axis=0))
+
+
+class Moments:
+    """Per-column count, mean and sum of squared deviations, merged block by block (Chan, Golub
+    and LeVeque's parallel update, float64): the statistics of all rows without holding them."""
+
+    def __init__(self, columns: int) -> None:
+        self.count = 0
+        self.mean = np.zeros(columns)
+        self.m2 = np.zeros(columns)
+
+    def add(self, x: np.ndarray) -> None:
+        n = len(x)
+        if n == 0:
+            return
+        mean = x.mean(axis=0)
+        m2 = ((x - mean) ** 2).sum(axis=0)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
+        self.count = total
+
+    def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.count == 0:
+            return np.zeros_like(self.mean), np.ones_like(self.mean)
+        return self.mean.copy(), _floored(np.sqrt(self.m2 / self.count))
+
+
+def _available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def eager_bytes_estimate(cfg: Any) -> int:
+    """Peak bytes the in-memory path needs, from the row count in the Parquet footers: the
+    projected table and its float64 columns, then float64 inputs, the train rows' copy, the
+    normalized copy and the float32 result (scripts/bench_data.py measured 6.5 GiB at 4 million
+    rows x 32 columns, where this estimates 6.6)."""
+    dataset = open_dataset(cfg.path)
+    observed, known, _, _, values = resolve_columns(dataset.schema, cfg)
+    observed, known = model_inputs(cfg, observed, known)
+    encoder_columns = 1 + len(observed) + len(known)
+    return dataset.count_rows() * (16 * (len(values) + 2) + 38 * encoder_columns)
+
+
+def wants_lazy(cfg: Any) -> bool:
+    """data.lazy: true, false, or auto (lazy when the in-memory path would need more than
+    LAZY_MEMORY_FRACTION of the memory available now)."""
+    lazy = cfg.lazy
+    if isinstance(lazy, str) and lazy.lower() in ("true", "false"):
+        lazy = lazy.lower() == "true"
+    if isinstance(lazy, bool):
+        return lazy
+    if lazy != "auto":
+        raise ConfigError(f"data.lazy must be auto, true or false, got {lazy!r}")
+    return eager_bytes_estimate(cfg) > LAZY_MEMORY_FRACTION * _available_bytes()
+
+
+def cache_root(cfg: Any) -> Path:
+    """data.cache_dir, or .foxhunt-cache next to the data (the temp dir if that is read-only)."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir)
+    parent = Path(cfg.path).resolve().parent
+    if os.access(parent, os.W_OK):
+        return parent / ".foxhunt-cache"
+    return Path(tempfile.gettempdir()) / "foxhunt-cache"
+
+
+def _settings(cfg: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(cfg):
+        cfg = OmegaConf.structured(cfg)
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in settings.items() if k not in _NOT_IN_KEY}
+
+
+def cache_key(cfg: Any, fixed_schema: dict | None) -> str:
+    """A hash of the data files (path, size, mtime), the settings that shape the rows and the
+    normalization a checkpoint fixes."""
+    files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in data_files(cfg)]
+    blob = json.dumps(
+        {
+            "version": FORMAT_VERSION,
+            "files": files,
+            "data": _settings(cfg),
+            "schema": fixed_schema,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Store:
+    """The window store's arrays (memmaps), the schema it was normalized with, where it is."""
+
+    inputs: np.ndarray
+    target: np.ndarray
+    known: np.ndarray
+    group: np.ndarray
+    static: np.ndarray
+    starts: dict[str, np.ndarray]
+    schema: dict[str, Any]
+    instruments: int
+    path: Path
+    reused: bool
+
+
+def _memmap(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype)
+    # copy-on-write: writable for torch.from_numpy, and nothing can change the file
+    return np.memmap(path, dtype=dtype, mode="c", shape=shape)
+
+
+def _open(entry: Path, reused: bool) -> Store:
+    meta = json.loads((entry / "meta.json").read_text())
+    rows, columns, known = meta["rows"], meta["columns"], meta["known"]
+    return Store(
+        inputs=_memmap(entry / "inputs.f32", np.float32, (rows, columns)),
+        target=_memmap(entry / "target.f32", np.float32, (rows,)),
+        known=_memmap(entry / "known.f32", np.float32, (rows, known)),
+        group=_memmap(entry / "group.i64", np.int64, (rows,)),
+        static=np.load(entry / "static.npy"),
+        starts={s: _memmap(entry / f"{s}.i64", np.int64, (meta[s],)) for s in SPLITS},
+        schema=meta["schema"],
+        instruments=meta["instruments"],
+        path=entry,
+        reused=reused,
+    )
+
+
+def open_store(cfg: Any, fixed_schema: dict | None, resolve: Callable[[dict], dict]) -> Store:
+    """The cached store of the configured data, built first if there is none.
+    `resolve(found)` turns the schema found in the data (with train-split statistics) into the
+    one to normalize with: itself, or a checkpoint's after checking that the two match."""
+    root = cache_root(cfg)
+    entry = root / f"{Path(cfg.path).resolve().name}-{cache_key(cfg, fixed_schema)}"
+    if (entry / "meta.json").exists():
+        try:
+            return _open(entry, reused=True)
+        except (OSError, ValueError, KeyError):  # a file of it deleted or cut short: rebuild
+            shutil.rmtree(entry, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    building = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    try:
+        _build(cfg, building, resolve)
+        building.rename(entry)
+    except OSError as exc:
+        shutil.rmtree(building, ignore_errors=True)
+        if (entry / "meta.json").exists():  # another process finished it first
+            return _open(entry, reused=True)
+        raise DataError(f"cannot write the window store in {root}: {exc}") from None
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    _evict_older(entry)
+    return _open(entry, reused=False)
+
+
+def _evict_older(entry: Path) -> None:
+    """Remove the stores built earlier for the same data path, and abandoned builds of it."""
+    data_path = json.loads((entry / "meta.json").read_text())["data_path"]
+    prefix = entry.name.rsplit("-", 1)[0] + "-"
+    for other in entry.parent.glob(f"{prefix}*"):
+        if other == entry or not other.is_dir():
+            continue
+        if ".tmp-" in other.name:
+            pid = other.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(other, ignore_errors=True)
+            continue
+        try:
+            same = json.loads((other / "meta.json").read_text())["data_path"] == data_path
+        except (OSError, ValueError, KeyError):
+            continue
+        if same:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
+    loaded = stream(cfg, folder / "spill")
+    columns = 1 + len(loaded.observed) + len(loaded.known)
+    moments = Moments(columns)
+    names: list[str] = []
+    statics: list[np.ndarray] = []
+    counts = dict.fromkeys(SPLITS, 0)
+    rows = 0
+    scratch, ordinals = folder / "inputs.f64", folder / "ordinal.i64"
+    with (
+        open(scratch, "wb") as scratch_f,
+        open(ordinals, "wb") as ordinal_f,
+        open(folder / "train.i64", "wb") as train_f,
+        open(folder / "val.i64", "wb") as val_f,
+        open(folder / "test.i64", "wb") as test_f,
+    ):
+        for s in loaded.series:
+            *starts, n_train = split_starts(len(s.target), cfg, s.name)
+            block = np.column_stack([s.target, s.observed, s.known])
+            moments.add(block[:n_train])
+            block.tofile(scratch_f)
+            np.full(len(block), len(names), np.int64).tofile(ordinal_f)
+            for split, f, st in zip(SPLITS, (train_f, val_f, test_f), starts, strict=True):
+                (st + rows).tofile(f)
+                counts[split] += len(st)
+            rows += len(block)
+            names.append(s.name)
+            statics.append(s.static)
+    shutil.rmtree(folder / "spill", ignore_errors=True)
+    if not names:
+        raise DataError(f"{cfg.path} has no rows left after data.nan_policy={cfg.nan_policy}")
+
+    mean, std = moments.mean_std()
+    if loaded.target_kind == "return":
+        mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
+    static_mean, static_std = mean_std(np.stack(statics))
+    schema = resolve(
+        {
+            "observed": loaded.observed,
+            "known": loaded.known,
+            "static": loaded.static,
+            "groups": names if cfg.group_column else [],
+            "target": loaded.target,
+            "target_kind": loaded.target_kind,
+            "encoder_length": cfg.encoder_length,
+            "prediction_length": cfg.prediction_length,
+            "input_mean": mean.tolist(),
+            "input_std": std.tolist(),
+            "static_mean": static_mean.tolist(),
+            "static_std": static_std.tolist(),
+        }
+    )
+    # groups index the schema's vocabulary, so a subset of instruments still embeds right
+    vocab = {g: i for i, g in enumerate(schema["groups"])}
+    group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
+    static = np.zeros((max(len(schema["groups"]), 1), len(schema["static"])))
+    for g, st in zip(group_of_series, statics, strict=True):
+        static[g] = (st - schema["static_mean"]) / np.asarray(schema["static_std"])
+    np.save(folder / "static.npy", static.astype(np.float32))
+
+    known = len(schema["known"])
+    _normalize(folder, scratch, ordinals, columns, known, schema, group_of_series)
+    scratch.unlink()
+    ordinals.unlink()
+    meta = {
+        "version": FORMAT_VERSION,
+        "data_path": str(Path(cfg.path).resolve()),
+        "rows": rows,
+        "columns": columns,
+        "known": known,
+        "instruments": len(names),
+        **counts,
+        "schema": schema,
+    }
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _normalize(
+    folder: Path,
+    scratch: Path,
+    ordinals: Path,
+    columns: int,
+    known: int,
+    schema: dict[str, Any],
+    group_of_series: np.ndarray,
+) -> None:
+    """Pass 2: float64 scratch rows to the float32 store, a chunk at a time, with plain reads
+    and writes (a memmap would count every page it touched as resident)."""
+    mean, std = np.asarray(schema["input_mean"]), np.asarray(schema["input_std"])
+    chunk_rows = max(1, CHUNK_BYTES // (8 * columns))
+    with (
+        open(scratch, "rb") as scratch_f,
+        open(ordinals, "rb") as ordinal_f,
+        open(folder / "inputs.f32", "wb") as inputs_f,
+        open(folder / "target.f32", "wb") as target_f,
+        open(folder / "known.f32", "wb") as known_f,
+        open(folder / "group.i64", "wb") as group_f,
+    ):
+        while True:
+            block = np.fromfile(scratch_f, np.float64, count=chunk_rows * columns)
+            if block.size == 0:
+                break
+            rows = block.reshape(-1, columns)
+            rows -= mean  # in place: the same float64 operations as the in-memory path
+            rows /= std
+            normalized = rows.astype(np.float32)
+            normalized.tofile(inputs_f)
+            np.ascontiguousarray(normalized[:, 0]).tofile(target_f)
+            np.ascontiguousarray(normalized[:, columns - known :]).tofile(known_f)
+            ordinal = np.fromfile(ordinal_f, np.int64, count=len(normalized))
+            group_of_series[ordinal].tofile(group_f)

@@ -1,0 +1,574 @@
+"""Forecasts from a trained TFT on new bars, in the target's own units.
+
+`python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`, or in Python
+`foxhunt.load(path).predict(table_or_path)`. The model is a checkpoint (.ckpt, run in float32)
+or an int8 export (`model_int8.pt`, on CPU). Its schema fixes the columns, the normalization and
+the window lengths; the data config (column names, features=ohlcv, NaN policy) is that of the
+checkpoint's training run, with any changes given on top.
+
+The forecast of a window starts after its last encoder row (the origin). Its known-future inputs
+come from rows after an instrument's last target value (target empty, known inputs filled), or,
+when every known input is a calendar encoding of the time (features=ohlcv, no
+data.known_features), from times continued at the instrument's bar interval (the most common
+step): such steps assume no session gap, and their target_time is null.
+
+Quantiles crossing each other are put in order (sorted per step: the rearrangement of
+Chernozhukov et al. 2010, which never makes a quantile forecast worse), so q0.1 <= q0.5 <= q0.9.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
+from foxhunt.data.datamodule import DataSchema, WindowDataset
+from foxhunt.data.features import KNOWN_CALENDAR
+from foxhunt.data.loading import (
+    OHLCV_TARGET,
+    Future,
+    Series,
+    known_at,
+    load_table,
+    open_dataset,
+    split_future,
+)
+from foxhunt.errors import CheckpointError, ConfigError, DataError
+
+log = logging.getLogger(__name__)
+MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory is free
+CPU_MEMORY_SHARE = 0.5  # of the available RAM that a CPU prediction plans for
+MODEL_INPUTS = ("encoder_cont", "decoder_known", "static_cat", "static_real")
+MODEL_KEYS = ("hidden_dim", "num_heads", "lstm_layers", "dropout", "variable_dim", "quantiles")
+
+
+@dataclass
+class PredictOptions:
+    all_windows: bool = False  # every complete window, not only each instrument's latest
+    batch_size: int | None = None  # None: the largest the memory estimator fits on the device
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    out: str | None = None  # None: predictions.parquet in the run directory
+    preview_rows: int = 8
+
+
+@dataclass
+class PredictConfig:
+    """conf/predict.yaml: `python scripts/predict.py ckpt_path=/abs/x.ckpt [data...]`."""
+
+    data: DataConfig = MISSING
+    ckpt_path: str | None = None
+    predict: PredictOptions = field(default_factory=PredictOptions)
+
+
+def register_config() -> None:
+    """Register the predict schema so conf/predict.yaml is type-checked at composition."""
+    ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+def quantile_column(q: float) -> str:
+    """The output column of quantile `q`: 0.1 -> "q0.1"."""
+    return f"q{q:g}"
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load(
+    path: str | Path,
+    data: Mapping[str, Any] | None = None,
+    *,
+    device: str = "auto",
+    batch_size: int | None = None,
+    data_defaults: DictConfig | None = None,
+) -> Predictor:
+    """A predictor for a checkpoint (.ckpt) or an int8 export (model_int8.pt).
+
+    `data`: data config keys to change (`{"group_column": "symbol"}`) on the data config of the
+    checkpoint's training run (`<run>/.hydra/config.yaml`); without one, on a config derived
+    from the checkpoint's schema (columns as trained, time column `timestamp`, no group column).
+    `data_defaults`: start from this data config instead (the CLI's `data=<option>`).
+    `batch_size`: windows per forward pass; None: planned by the memory estimator."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # any unreadable file is the same user-facing problem
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
+    if isinstance(blob, dict) and "hyper_parameters" in blob:
+        model, schema, model_cfg, precision = _from_checkpoint(path, blob["hyper_parameters"])
+        target = _device(device)
+    elif isinstance(blob, dict) and "int8" in blob:
+        if device not in ("auto", "cpu"):
+            raise ConfigError(
+                "an int8 export runs on CPU (torch.ao's dynamic int8 LSTM kernels are CPU "
+                "only): use predict.device=cpu, or the checkpoint it came from"
+            )
+        model, schema, model_cfg, precision = _from_export(path, blob)
+        target = torch.device("cpu")
+    else:
+        raise CheckpointError(f"{path} is neither a foxhunt checkpoint nor an int8 export")
+    del blob
+    data_cfg = _data_config(path, schema, data, data_defaults)
+    return Predictor(model, schema, data_cfg, target, model_cfg, precision, batch_size)
+
+
+def _from_checkpoint(
+    path: Path, hparams: Mapping[str, Any]
+) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], dict[str, Any]]:
+    """(model, schema, model config, precision to plan the batch size with)."""
+    from foxhunt.training.module import TFTModule
+
+    if "schema" not in hparams:
+        raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
+    # compile=False: a compiled model would be built for one prediction only
+    module = TFTModule.load_from_checkpoint(
+        path, map_location="cpu", model={**hparams["model"], "compile": False}
+    )
+    int8 = (hparams.get("precision") or {}).get("name") == "int8"
+    if int8:  # the fake-quant model, as the test split scores it
+        from foxhunt.quantization import set_qat_phase
+
+        set_qat_phase(module.model, observe=False, fake_quant=True)
+    precision = {"name": "int8" if int8 else "fp32"}  # a bf16 checkpoint runs in float32
+    return module.model, module.schema, dict(hparams["model"]), precision
+
+
+def _from_export(
+    path: Path, blob: Mapping[str, Any]
+) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], dict[str, Any]]:
+    from foxhunt.quantization.qat import load_int8
+
+    if blob.get("schema") is None:
+        raise CheckpointError(
+            f"{path} was exported without its data schema (made before exports carried "
+            "it): predict from the checkpoint it came from (best-*.ckpt beside it)"
+        )
+    model_cfg = {k: blob["init"][k] for k in MODEL_KEYS}
+    # dequantized weights: a float trace sizes the batch
+    return load_int8(path), DataSchema.from_dict(blob["schema"]), model_cfg, {"name": "fp32"}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise ConfigError(f"predict.device must be auto, cpu or cuda, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"predict.device={name} but no CUDA device is available")
+    return torch.device(name)
+
+
+def _data_config(
+    path: Path,
+    schema: DataSchema,
+    changes: Mapping[str, Any] | None,
+    defaults: DictConfig | None,
+) -> DictConfig:
+    from foxhunt.interpret import training_data_config
+
+    base = defaults
+    if base is None:
+        base = training_data_config(path)
+        if base is not None:
+            log.info("data: the training run's config (%s)", path.parent.parent / ".hydra")
+    if base is None:
+        base = _schema_data_config(schema)
+    cfg = OmegaConf.merge(base, OmegaConf.create(dict(changes or {})))
+    # the checkpoint fixes the window; the data config's lengths do not apply
+    cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
+    return cfg
+
+
+def _schema_data_config(schema: DataSchema) -> DictConfig:
+    """A data config for the checkpoint's columns, when its training config is not found."""
+    derived = schema.target == OHLCV_TARGET and set(KNOWN_CALENDAR) <= set(schema.known)
+    if derived:
+        d = {"features": "ohlcv", "target": None}
+        d["known_features"] = [k for k in schema.known if k not in KNOWN_CALENDAR]
+    else:
+        d = {"features": list(schema.observed), "target": schema.target}
+        d["known_features"] = list(schema.known)
+    d |= {"static_features": list(schema.static), "target_kind": schema.target_kind}
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), d)
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Windows:
+    """The windows to forecast, as the model takes them, and what each row of the output
+    says about them."""
+
+    dataset: WindowDataset
+    instrument: np.ndarray  # [N] names (object)
+    origin_ns: np.ndarray  # [N] int64: the time of the last encoder row
+    target_ns: np.ndarray  # [N, H] int64: the time of each forecast step
+    target_time_known: np.ndarray  # [N, H] bool: False where the time was continued
+    actual: np.ndarray  # [N, H] float64, NaN where not realised in the data
+
+
+def build_windows(
+    table: pa.Table, cfg: DictConfig, schema: DataSchema, all_windows: bool
+) -> Windows:
+    """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
+    latest, or with `all_windows` every window with a full encoder history."""
+    if schema.groups and not cfg.group_column:
+        raise ConfigError(
+            f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
+            "data.group_column to the column that names them"
+        )
+    observed_rows, future = split_future(table, cfg)
+    loaded = load_table(observed_rows, cfg)
+    series: list[Series] = list(loaded.series)
+    names = sorted({s.name for s in series} | set(future))
+    found = DataSchema(
+        observed=loaded.observed,
+        known=loaded.known,
+        static=loaded.static,
+        groups=names if cfg.group_column else [],
+        target=loaded.target,
+        target_kind=loaded.target_kind,
+        encoder_length=schema.encoder_length,
+        prediction_length=schema.prediction_length,
+    )
+    schema.check_matches(found)
+    _check_history(series, names, observed_rows, cfg, schema.encoder_length)
+
+    e, h = schema.encoder_length, schema.prediction_length
+    vocab = {g: i for i, g in enumerate(schema.groups)}
+    static_by_group = np.zeros((max(len(schema.groups), 1), len(schema.static)))
+    keys = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    rows, groups, starts, lacking = [], [], [], []
+    offset = 0
+    for s in series:
+        times, given, future_known = _future_steps(s, future.get(s.name), cfg, h)
+        if len(times) < h and not all_windows:
+            lacking.append(f"{s.name} has {len(times)}")
+        n, f = len(s.target), len(times)
+        block = np.full((n + f, len(schema.encoder_columns)), np.nan)
+        block[:n] = np.column_stack([s.target, s.observed, s.known])
+        block[n:, block.shape[1] - len(schema.known) :] = future_known
+        first = e - 1 if all_windows else n - 1
+        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
+        if len(origins) == 0:
+            if all_windows:
+                lacking.append(f"{s.name} has {len(times)}")
+            continue
+        steps = origins[:, None] + np.arange(1, h + 1)
+        time_all = np.concatenate([s.time_ns, times])
+        parts["instrument"].append(np.full(len(origins), s.name, dtype=object))
+        parts["origin_ns"].append(time_all[origins])
+        parts["target_ns"].append(time_all[steps])
+        parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
+        parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
+        group = vocab.get(s.name, 0)
+        static_by_group[group] = (s.static - schema.static_mean) / schema.static_std
+        rows.append(block)
+        groups.append(np.full(n + f, group, dtype=np.int64))
+        starts.append(offset + origins - e + 1)
+        offset += n + f
+    if lacking:
+        raise DataError(
+            f"the forecast needs the known input(s) {', '.join(cfg.known_features)} for the "
+            f"{h} bars after an instrument's last target value: add those rows with the "
+            f"target empty ({'; '.join(lacking)})"
+            + ("" if all_windows else ", or use predict.all_windows=true for past windows")
+        )
+    inputs = (np.concatenate(rows) - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
+    inputs_t = torch.from_numpy(inputs.astype(np.float32))
+    dataset = WindowDataset(
+        inputs_t,
+        inputs_t[:, 0].contiguous(),
+        torch.from_numpy(np.concatenate(groups)),
+        torch.from_numpy(static_by_group.astype(np.float32)),
+        inputs_t[:, inputs_t.shape[1] - len(schema.known) :].contiguous(),
+        np.concatenate(starts),
+        e,
+        h,
+        bool(schema.groups),
+    )
+    return Windows(dataset=dataset, **{k: np.concatenate(v) for k, v in parts.items()})
+
+
+def _check_history(
+    series: list[Series], names: list[str], rows: pa.Table, cfg: DictConfig, needed: int
+) -> None:
+    """Every instrument has an encoder's worth of rows left after NaN handling and warm-up."""
+    usable = {s.name: len(s.target) for s in series}
+    short = [n for n in names if usable.get(n, 0) < needed]
+    if not short:
+        return
+    if cfg.group_column:
+        counts = pc.value_counts(pc.cast(rows.column(cfg.group_column), pa.string()))
+        raw = {c["values"].as_py(): c["counts"].as_py() for c in counts}
+    else:
+        raw = {"series": rows.num_rows}
+    listed = "; ".join(
+        f"{n} has {usable.get(n, 0)} (of {raw.get(n, 0)} in the data)" for n in short
+    )
+    raise DataError(
+        f"too short a history for the checkpoint's encoder of {needed} rows: {listed}; the "
+        "rows left after NaN handling and the feature warm-up count"
+    )
+
+
+def _future_steps(
+    s: Series, given: Future | None, cfg: DictConfig, h: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The times of the (up to `h`) steps after the data, whether each was in the data (not
+    continued at the bar interval), and their known inputs [steps, known]."""
+    times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
+    user = {k: given.known[k][:h] if given else np.zeros(0) for k in cfg.known_features}
+    after = np.diff(np.concatenate([s.time_ns[-1:], times]))
+    if (after <= 0).any():
+        raise DataError(
+            f"the rows after instrument {s.name}'s last target value are not later in time, "
+            "one after the other; sort the file by instrument and time"
+        )
+    bad = [k for k, v in user.items() if not np.isfinite(v).all()]
+    if bad:
+        raise DataError(
+            f"known input(s) {', '.join(bad)} empty in the rows after instrument {s.name}'s "
+            "last target value: the forecast steps need them"
+        )
+    from_data = np.ones(len(times), dtype=bool)
+    if len(times) < h and not cfg.known_features:  # every known input follows from the time
+        step = _bar_interval(s)
+        last = times[-1] if len(times) else s.time_ns[-1]
+        times = np.concatenate([times, last + step * np.arange(1, h - len(times) + 1)])
+        from_data = np.concatenate([from_data, np.zeros(len(times) - len(from_data), bool)])
+    return times, from_data, known_at(cfg, times, user)
+
+
+def _bar_interval(s: Series) -> int:
+    """The instrument's most common time step (so a session gap does not count)."""
+    steps, counts = np.unique(np.diff(s.time_ns), return_counts=True)
+    if len(steps) == 0:
+        raise DataError(f"instrument {s.name} has one row: no bar interval to continue")
+    return int(steps[np.argmax(counts)])
+
+
+# --- prediction ------------------------------------------------------------------------------
+
+
+class Predictor:
+    """A trained TFT with its schema and data config; `predict` turns bars into forecasts."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        schema: DataSchema,
+        data_cfg: DictConfig,
+        device: torch.device,
+        model_cfg: dict[str, Any],
+        precision: dict[str, Any],
+        batch_size: int | None = None,
+    ) -> None:
+        self.model = model.to(device).eval()
+        self.schema = schema
+        self.data_cfg = data_cfg
+        self.device = device
+        self.model_cfg = model_cfg
+        self.precision = precision
+        self.batch_size = batch_size
+        self.quantiles = [float(q) for q in model_cfg["quantiles"]]
+        self._planned: dict[int, int] = {}  # windows -> planned batch size
+
+    def predict(
+        self,
+        data: pa.Table | str | Path | None = None,
+        all_windows: bool = False,
+        progress: bool | None = None,
+    ) -> pa.Table:
+        """Forecasts for the latest window of each instrument in `data` (a pyarrow Table, or a
+        Parquet file or directory; None: data.path), or for every window with `all_windows`.
+        One row per window and step: instrument, origin_time, horizon, target_time, one
+        column per quantile (q0.1, q0.5, ...) in the target's units, actual. `progress`: a
+        progress bar (None: on a terminal, when there is more than one batch)."""
+        if data is None:
+            if OmegaConf.is_missing(self.data_cfg, "path"):
+                raise ConfigError("no data to predict on: give data.path=/abs/bars.parquet")
+            data = self.data_cfg.path
+        table, where = self._read(data)
+        cfg = self.data_cfg.copy()
+        cfg.path = where
+        windows = build_windows(table, cfg, self.schema, all_windows)
+        normalized = np.sort(self._forward(windows.dataset, progress), axis=-1)
+        values = normalized.astype(np.float64) * self.schema.target_scale
+        values += self.schema.target_center
+        time_type = table.schema.field(cfg.time_column).type
+        return _output(windows, values, sorted(self.quantiles), time_type)
+
+    @staticmethod
+    def _read(data: pa.Table | str | Path) -> tuple[pa.Table, str]:
+        if isinstance(data, pa.Table):
+            return data, "the given table"
+        dataset = open_dataset(data)
+        try:
+            return dataset.to_table(), str(data)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
+
+    def batch_size_for(self, windows: int) -> int:
+        """predict.batch_size, or the largest batch whose forward pass the memory estimator
+        fits into the device's free memory (CUDA: free memory; CPU: a share of the available
+        RAM). It traces a validation step, which also counts the AdamW state that training
+        keeps: a margin of twice the weights."""
+        if self.batch_size is not None:
+            return max(1, min(self.batch_size, windows))
+        limit = max(1, min(windows, MAX_BATCH_SIZE))
+        if limit not in self._planned:
+            from foxhunt.memory import max_batch_size
+            from foxhunt.memory.budget import MB, device_total
+
+            if self.device.type == "cuda":
+                free_mb = torch.cuda.mem_get_info(self.device)[0] / MB
+            else:
+                free_mb = device_total(self.device) * CPU_MEMORY_SHARE / MB
+            plan = OmegaConf.create(
+                {
+                    "model": self.model_cfg,
+                    "optim": OmegaConf.structured(OptimConfig),
+                    "precision": self.precision,
+                    "trainer": {"gradient_clip_val": None},
+                    "memory": OmegaConf.structured(MemoryConfig),
+                }
+            )
+            best, _ = max_batch_size(
+                plan, free_mb, step="val", schema=self.schema, device=self.device.type, limit=limit
+            )
+            log.info(
+                "predict: batch size %d for %d windows (%.0f MB free on %s)",
+                best,
+                windows,
+                free_mb,
+                self.device.type,
+            )
+            self._planned[limit] = best
+        return self._planned[limit]
+
+    def _forward(self, dataset: WindowDataset, progress: bool | None) -> np.ndarray:
+        """Normalized quantile forecasts [windows, H, Q], as the model gives them."""
+        from tqdm.auto import tqdm
+
+        n = len(dataset)
+        batch_size = self.batch_size_for(n)
+        if progress is None:
+            progress = n > batch_size and sys.stderr.isatty()
+        out = np.empty((n, self.schema.prediction_length, len(self.quantiles)), np.float32)
+        with (
+            torch.inference_mode(),
+            tqdm(total=n, unit="window", desc="predict", disable=not progress) as bar,
+        ):
+            for start in range(0, n, batch_size):
+                stop = min(start + batch_size, n)
+                batch = dataset.__getitems__(list(range(start, stop)))
+                x = {k: batch[k].to(self.device) for k in MODEL_INPUTS}
+                out[start:stop] = self.model(x).float().cpu().numpy()
+                bar.update(stop - start)
+        return out
+
+
+def _times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """Int64 nanoseconds as the input's time type (timestamps keep their time zone)."""
+    mask = None if valid is None else ~valid
+    if pa.types.is_timestamp(time_type):
+        return pa.array(ns, pa.timestamp("ns", tz=time_type.tz), mask=mask)
+    if pa.types.is_date(time_type):
+        return pa.array(ns, pa.timestamp("ns"), mask=mask)
+    return pa.array(ns, pa.int64(), mask=mask)
+
+
+def _output(
+    windows: Windows, values: np.ndarray, levels: list[float], time_type: pa.DataType
+) -> pa.Table:
+    n, h, _ = values.shape
+    actual = windows.actual.ravel()
+    columns = {
+        "instrument": pa.array(np.repeat(windows.instrument, h), pa.string()),
+        "origin_time": _times(np.repeat(windows.origin_ns, h), time_type),
+        "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
+        "target_time": _times(
+            windows.target_ns.ravel(), time_type, windows.target_time_known.ravel()
+        ),
+        **{quantile_column(q): pa.array(values[:, :, j].ravel()) for j, q in enumerate(levels)},
+        "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
+    }
+    return pa.table(columns)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def data_changes(cfg: DictConfig, overrides: list[str]) -> tuple[bool, dict[str, Any]]:
+    """From the command line's overrides: whether a data option was chosen (`data=parquet`),
+    and the data keys set (`data.path=...`), with their composed values."""
+    chosen, changes = False, OmegaConf.create({})
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "data":
+            chosen = True
+        elif key.startswith("data."):
+            OmegaConf.update(changes, key[5:], OmegaConf.select(cfg, key), force_add=True)
+    return chosen, OmegaConf.to_container(changes)
+
+
+def preview(table: pa.Table, rows: int) -> str:
+    """The first `rows` rows as an aligned text table."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return ""
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    head = [[cell(v) for v in r.values()] for r in table.slice(0, rows).to_pylist()]
+    widths = [max(len(c), *(len(r[i]) for r in head)) for i, c in enumerate(table.column_names)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in head]
+    header = "  ".join(c.rjust(w) for c, w in zip(table.column_names, widths, strict=True))
+    more = [f"... {table.num_rows - rows} more rows"] if table.num_rows > rows else []
+    return "\n".join([header, *lines, *more])
+
+
+def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """scripts/predict.py: predict, write predictions.parquet, print a preview and where."""
+    import pyarrow.parquet as pq
+
+    if not cfg.ckpt_path:
+        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
+    opts = cfg.predict
+    chosen, changes = data_changes(cfg, overrides)
+    predictor = load(
+        cfg.ckpt_path,
+        changes,
+        device=opts.device,
+        batch_size=opts.batch_size,
+        data_defaults=cfg.data if chosen else None,
+    )
+    table = predictor.predict(all_windows=opts.all_windows)
+    out = Path(opts.out) if opts.out else run_dir / "predictions.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
+    windows = table.num_rows // predictor.schema.prediction_length
+    instruments = len(pc.unique(table.column("instrument")))
+    print(preview(table, opts.preview_rows))
+    print(
+        f"wrote {table.num_rows} rows ({windows} windows of {instruments} instruments x "
+        f"{predictor.schema.prediction_length} steps) to {out.resolve()}"
+    )
+    return {"predictions": str(out.resolve()), "rows": table.num_rows, "windows": windows}

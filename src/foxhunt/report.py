@@ -1,0 +1,387 @@
+"""The run report: `report.md` in a training run's directory, with learning curves, test metrics
+against the naive baseline, calibration and the interpretation plots (`foxhunt.interpret`)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.interpret import PLOTS, have_matplotlib, interpret, new_figure
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+LEARNING_CURVES = "learning_curves.png"
+MEMORY_LINES = 8  # of the [MEMORY] log in the report
+
+
+def report_run(
+    cfg: DictConfig,
+    run_dir: str | Path,
+    summary: dict[str, Any],
+    module: Any,
+    datamodule: ParquetDataModule,
+) -> dict[str, Path]:
+    """Interpret the tested model and write `report.md` with its plots into `run_dir`; returns
+    the files written by name (report, interpretation and each plot)."""
+    run_dir = Path(run_dir)
+    plots = have_matplotlib()
+    interpretation = interpret(module, datamodule, run_dir, plots=plots)
+    report = write_report(run_dir, cfg, summary, datamodule, interpretation, plots=plots)
+    files = {"report": report, "interpretation": run_dir / "interpretation.json"}
+    files |= {name: run_dir / f for name, f in interpretation["plots"].items()}
+    if (run_dir / LEARNING_CURVES).is_file():
+        files["learning_curves"] = run_dir / LEARNING_CURVES
+    return files
+
+
+def write_report(
+    run_dir: str | Path,
+    cfg: DictConfig,
+    summary: dict[str, Any],
+    datamodule: ParquetDataModule,
+    interpretation: dict[str, Any],
+    plots: bool = True,
+) -> Path:
+    """Write `report.md` (and `learning_curves.png` when `plots`) into `run_dir`."""
+    run_dir = Path(run_dir)
+    epochs = learning_curves(run_dir)
+    drew = plots and bool(epochs) and _plot_learning_curves(run_dir / LEARNING_CURVES, epochs)
+    sections = [
+        [f"# Run report: {run_dir.parent.name}/{run_dir.name}", "", f"Run directory: `{run_dir}`"],
+        _config_section(run_dir, cfg, summary),
+        _data_section(datamodule),
+        _memory_section(summary),
+        _curves_section(epochs, drew),
+        _metrics_section(summary, interpretation),
+        _calibration_section(interpretation),
+        _interpretation_section(interpretation),
+    ]
+    path = run_dir / "report.md"
+    path.write_text("\n\n".join("\n".join(s) for s in sections) + "\n")
+    return path
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+
+
+def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> list[str]:
+    lines = ["## Configuration", ""]
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if saved.is_file():
+        overrides = list(OmegaConf.load(saved))
+        shown = " ".join(f"`{o}`" for o in overrides) if overrides else "none (the defaults)"
+        lines += [f"Overrides: {shown}", ""]
+    if summary.get("resumed_from"):
+        lines += [f"Resumed from `{summary['resumed_from']}`", ""]
+    keys = [
+        "data.path",
+        "data.target",
+        "data.features",
+        "data.encoder_length",
+        "data.prediction_length",
+        "model.name",
+        "model.hidden_dim",
+        "model.num_heads",
+        "model.lstm_layers",
+        "model.dropout",
+        "model.quantiles",
+        "precision.name",
+        "optim.lr",
+        "optim.schedule",
+        "trainer.max_epochs",
+        "memory.name",
+        "seed",
+    ]
+    rows = []
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, DictConfig | list) or OmegaConf.is_list(value):
+            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        rows.append([f"`{key}`", value])
+    return lines + _table(["key", "value"], rows)
+
+
+def _data_section(datamodule: ParquetDataModule) -> list[str]:
+    schema = datamodule.schema
+    rows = len(datamodule.datasets["train"].target)
+    instruments = schema.groups or ["(one series)"]
+    lines = [
+        "## Data",
+        "",
+        f"- Instruments ({len(instruments)}): {', '.join(instruments)}",
+        f"- Rows: {rows:,} (after feature warm-up and NaN handling)",
+        f"- Features: {schema.num_features} ({len(schema.observed)} observed, "
+        f"{len(schema.known)} known in the future, {len(schema.static)} static); "
+        f"target `{schema.target}` ({schema.target_kind}), encoder {schema.encoder_length} "
+        f"bars, forecast {schema.prediction_length} bars",
+        "",
+    ]
+    ranges = split_ranges(datamodule)
+    table = [
+        [r["instrument"], r["split"], r["windows"], r["rows"], r.get("start"), r.get("end")]
+        for r in ranges
+    ]
+    lines += _table(["instrument", "split", "windows", "rows", "from", "to"], table)
+    if ranges and "start" not in ranges[0]:
+        lines += ["", "(Dates not shown: data.nan_policy=drop or the time column unreadable.)"]
+    return lines
+
+
+def split_ranges(datamodule: ParquetDataModule) -> list[dict[str, Any]]:
+    """Per instrument and split: windows, rows and (where they can be read) the first and last
+    bar's time of the split's rows."""
+    schema = datamodule.schema
+    e, h = schema.encoder_length, schema.prediction_length
+    group = datamodule.datasets["train"].group.numpy()  # instrument of every row
+    out = []
+    for split in SPLITS:
+        starts = datamodule.datasets[split].starts.numpy()
+        g_of_start = group[starts]
+        for g in np.unique(group):
+            s = starts[g_of_start == g]
+            if len(s) == 0:
+                continue
+            first = int(s.min()) + (0 if split == "train" else e)  # val/test: their first target
+            last = int(s.max()) + e + h - 1
+            name = schema.groups[g] if schema.groups else "(one series)"
+            out.append(
+                {
+                    "instrument": name,
+                    "group": int(g),
+                    "split": split,
+                    "windows": len(s),
+                    "rows": last - first + 1,
+                    "first_row": first,
+                    "last_row": last,
+                }
+            )
+    try:
+        _add_dates(datamodule, group, out)
+    except Exception as exc:  # the report goes on without dates
+        log.warning("report: split dates not shown (%s: %s)", type(exc).__name__, exc)
+    return sorted(out, key=lambda r: (r["group"], SPLITS.index(r["split"])))
+
+
+def _add_dates(datamodule: ParquetDataModule, group: np.ndarray, ranges: list[dict]) -> None:
+    """Times of the split bounds from the data's time column. The datamodule keeps no times,
+    so they are read again (time and group columns only) and matched to the rows the model saw:
+    an instrument's last rows, since feature warm-up and forward-fill drop only leading rows."""
+    cfg = datamodule.cfg
+    if cfg.nan_policy == "drop" or not ranges:
+        return
+    import pyarrow.compute as pc
+
+    from foxhunt.data.loading import open_dataset
+
+    columns = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else [])
+    table = open_dataset(cfg.path).to_table(columns=columns)
+    times = table.column(cfg.time_column)
+    offsets = {g: int(np.argmax(group == g)) for g in np.unique(group)}
+    counts = {g: int((group == g).sum()) for g in offsets}
+    for g in offsets:
+        schema = datamodule.schema
+        if cfg.group_column:
+            name = schema.groups[g]
+            mine = pc.equal(pc.cast(table.column(cfg.group_column), "string"), name)
+            t = times.filter(mine).to_numpy()
+        else:
+            t = times.to_numpy()
+        skipped = len(t) - counts[g]  # leading rows the model did not see
+        if skipped < 0:
+            return
+        for r in ranges:
+            if r["group"] == g:
+                r["start"] = _when(t[skipped + r["first_row"] - offsets[g]])
+                r["end"] = _when(t[skipped + r["last_row"] - offsets[g]])
+
+
+def _when(t: Any) -> str:
+    if isinstance(t, np.datetime64):
+        return np.datetime_as_string(t, unit="m").replace("T", " ")
+    return str(t)
+
+
+def _memory_section(summary: dict[str, Any]) -> list[str]:
+    memory = summary.get("memory") or {}
+    rows = [
+        ["training batch size (per process)", summary.get("batch_size")],
+        ["validation batch size", summary.get("val_batch_size")],
+        ["processes", summary.get("world_size", 1)],
+        ["memory policy", memory.get("policy")],
+        ["device", memory.get("device")],
+        ["peak memory MB", memory.get("peak_mb")],
+    ]
+    if "searched_batch_size" in memory:
+        rows += [
+            ["searched batch size", memory["searched_batch_size"]],
+            ["searched validation batch size", memory.get("searched_val_batch_size")],
+            ["search trials", len(memory.get("search_trials") or [])],
+        ]
+    backoffs = memory.get("oom_backoffs") or []
+    rows.append(["OOM backoffs", len(backoffs)])
+    micro = {k: v for k, v in (memory.get("micro_batch_size") or {}).items() if v}
+    if micro:
+        rows.append(["micro-batch sizes after backoff", micro])
+    if "optimizer_state_released_mb" in memory:
+        rows.append(["optimizer state released MB", memory["optimizer_state_released_mb"]])
+    lines = ["## Batch sizes and memory", "", *_table(["", "value"], rows)]
+    for event in backoffs:
+        lines.append(f"- backoff: {event}")
+    log_lines = memory.get("log") or []
+    if log_lines:
+        shown = _memory_highlights(log_lines)
+        lines += ["", f"Memory log ({len(shown)} of {len(log_lines)} lines):", "", "```"]
+        lines += [*shown, "```"]
+    return lines
+
+
+def _memory_highlights(lines: list[str]) -> list[str]:
+    """The first and last lines and the ones with the highest figures."""
+    if len(lines) <= MEMORY_LINES:
+        return list(lines)
+
+    def figure(line: str) -> float:  # the phase's peak, else what was in use
+        found = re.search(r"peak ([\d.]+) MB", line) or re.search(r": (?:rss )?([\d.]+) MB", line)
+        return float(found.group(1)) if found else 0.0
+
+    top = sorted(range(1, len(lines) - 1), key=lambda i: figure(lines[i]))[-(MEMORY_LINES - 2) :]
+    return [lines[i] for i in sorted({0, len(lines) - 1, *top})]
+
+
+def learning_curves(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Train and validation loss per epoch from the CSV logger, across resumes into the same
+    run directory (csv/metrics.csv, then csv/resume-N/metrics.csv; a later file wins)."""
+    files = [run_dir / "csv" / "metrics.csv"]
+    resumes = sorted(
+        (run_dir / "csv").glob("resume-*/metrics.csv"), key=lambda p: int(p.parent.name[7:])
+    )
+    epochs: dict[int, dict[str, float]] = {}
+    for path in [*files, *resumes]:
+        if not path.is_file():
+            continue
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if not row.get("epoch"):
+                    continue
+                epoch = int(float(row["epoch"]))
+                for key in ("train_loss_epoch", "val_loss"):
+                    if row.get(key):
+                        epochs.setdefault(epoch, {})[key] = float(row[key])
+    return dict(sorted(epochs.items()))
+
+
+def _plot_learning_curves(path: Path, epochs: dict[int, dict[str, float]]) -> bool:
+    fig = new_figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for key, label in (("train_loss_epoch", "train loss"), ("val_loss", "validation loss")):
+        points = [(e, v[key]) for e, v in epochs.items() if key in v]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("quantile loss (normalized target)")
+    ax.set_title("Learning curves")
+    from matplotlib.ticker import MaxNLocator
+
+    if len(epochs) <= 20:
+        ax.set_xticks(list(epochs))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)  # one epoch: a point mid-axis, not a dot
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def _curves_section(epochs: dict[int, dict[str, float]], drew: bool) -> list[str]:
+    lines = ["## Learning curves", ""]
+    if not epochs:
+        return [*lines, "No logged epochs (the CSV logger writes csv/metrics.csv)."]
+    if drew:
+        lines += [f"![learning curves]({LEARNING_CURVES})", ""]
+    rows = [[e, v.get("train_loss_epoch"), v.get("val_loss")] for e, v in epochs.items()]
+    return lines + _table(["epoch", "train loss", "validation loss"], rows)
+
+
+def _metrics_section(summary: dict[str, Any], interpretation: dict[str, Any]) -> list[str]:
+    m = summary.get("metrics") or {}
+    loss, baseline = m.get("test_loss"), m.get("baseline_test_loss")
+    rows = [
+        ["quantile loss (normalized)", loss, baseline],
+        ["MAE of the median (target units)", m.get("test_mae"), interpretation.get("baseline_mae")],
+        ["directional accuracy", m.get("test_directional_accuracy"), None],
+        ["outer-interval coverage", m.get("test_coverage"), None],
+    ]
+    if "int8_test_loss" in summary:
+        rows.append(["quantile loss, exported int8 model", summary["int8_test_loss"], baseline])
+    val_loss = m.get("val_loss")
+    val = f"{val_loss:.4g}" if val_loss is not None else "-"
+    lines = ["## Test metrics", "", f"Validation loss (best checkpoint): {val}", ""]
+    lines += _table(["metric", "model", "naive baseline"], rows)
+    if loss is not None and baseline:
+        change = loss / baseline - 1
+        than = f"{abs(change):.1%} {'lower' if change < 0 else 'higher'} than"
+        lines += ["", f"The model's test loss is {than} the naive baseline's."]
+    kind = interpretation.get("target_kind")
+    naive = "a zero return" if kind == "return" else "the last observed value"
+    return [*lines, "", f"Naive baseline: {naive} for every forecast step."]
+
+
+def _calibration_section(interpretation: dict[str, Any]) -> list[str]:
+    cal = interpretation["calibration"]
+    rows = [
+        [q, observed, observed - q]
+        for q, observed in zip(cal["quantiles"], cal["observed_coverage"], strict=True)
+    ]
+    return [
+        "## Calibration",
+        "",
+        "Share of test targets at or below each predicted quantile (ideal: the quantile level).",
+        "",
+        *_table(["quantile", "observed", "observed - ideal"], rows),
+        "",
+        f"Quantile crossing (predicted quantiles out of order, sorted before scoring): "
+        f"{cal['quantile_crossing_rate']:.2%} of forecast steps.",
+    ]
+
+
+def _interpretation_section(interpretation: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Interpretation",
+        "",
+        f"Over {interpretation['windows']:,} test windows (`interpretation.json` has the numbers).",
+    ]
+    for net, found in interpretation["variable_importance"].items():
+        if found["names"]:
+            top = sorted(zip(found["weights"], found["names"], strict=True), reverse=True)[:5]
+            lines.append(f"- Top {net} variables: " + ", ".join(f"`{n}` {w:.3f}" for w, n in top))
+    by_lag = interpretation["attention"]["by_lag"]
+    peak = int(np.argmax(by_lag)) + 1
+    lines.append(f"- Attention peaks at lag {peak} (1 = the latest bar before the forecast).")
+    titles = {
+        "variable_importance": "variable importance",
+        "attention_by_lag": "attention by lag",
+        "forecast_fan": "forecast fan chart",
+    }
+    for name in PLOTS:
+        if name in interpretation["plots"]:
+            lines += ["", f"![{titles[name]}]({interpretation['plots'][name]})"]
+    if not interpretation["plots"]:
+        lines += ["", "(No plots: matplotlib is not installed.)"]
+    return lines

@@ -1,0 +1,115 @@
+"""Checkpoints to resume from: after an interrupt, and the best ones across a resume.
+
+Ctrl-C and SIGTERM end training at a batch boundary, with a checkpoint to resume from.
+
+Lightning's own KeyboardInterrupt handling stops wherever the interrupt lands (between a
+backward and its optimizer step, say) and writes nothing; its OnExceptionCheckpoint would save
+that half-done step. Here the signal only raises a flag; the training batch in flight finishes,
+`checkpoints/last.ckpt` is replaced atomically with the state after it, and fit() ends with
+`Interrupted`. Resuming from that checkpoint continues the same epoch at the next batch (the
+data module records how far the epoch got). A signal during validation takes effect at the
+next training batch (or training ends first). A second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after writing `checkpoint`."""
+
+    def __init__(self, signum: int, checkpoint: Path, epoch: int, batch: int) -> None:
+        self.signum, self.checkpoint = signum, checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"{name} during epoch {epoch} after batch {batch}; wrote {checkpoint} "
+            "(resume with the same command and resume=auto, or ckpt_path=<that file>)"
+        )
+
+
+class GracefulInterrupt(L.Callback):
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = Path(dirpath)
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signum = None
+        # set here, after Lightning recorded the handlers it restores at teardown; this replaces
+        # Lightning's SIGTERM flag, which would stop mid-validation without a checkpoint
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now
+        self.signum = signum
+        log.warning(
+            "%s: finishing this training batch, then writing a checkpoint",
+            signal.Signals(signum).name,
+        )
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        requested = self.signum is not None
+        if trainer.world_size > 1:  # every rank stops at the same batch
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if not requested:
+            return
+        path = self.dirpath / "last.ckpt"
+        partial = self.dirpath / "last.ckpt.partial"  # never a half-written last.ckpt
+        trainer.save_checkpoint(partial)
+        if trainer.is_global_zero:
+            os.replace(partial, path)
+        raise Interrupted(self.signum or signal.SIGTERM, path, trainer.current_epoch, idx)
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exc: Any) -> None:
+        self._restore()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that, resumed into a new run directory, still knows the earlier run's
+    best checkpoints. Lightning then reloads only `best_model_path`, so the first epoch after a
+    resume would count as the best so far and the run's best val_loss would depend on where it
+    was resumed. The earlier files are read, never deleted: Lightning removes only files inside
+    this callback's own directory."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        moved = state_dict.get("dirpath", self.dirpath) != self.dirpath
+        with warnings.catch_warnings():
+            if moved:  # its "won't be reloaded" is what this class undoes
+                warnings.filterwarnings("ignore", message="The dirpath has changed")
+            super().load_state_dict(state_dict)
+        if not moved:
+            return
+        kept = {p: s for p, s in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}
+        if state_dict.get("best_model_path") not in kept:
+            self.best_model_path = ""  # gone: the best is found again from here on
+            return
+        self.best_k_models = kept
+        self.best_model_score = state_dict["best_model_score"]
+        self.kth_best_model_path = state_dict["kth_best_model_path"]
+        self.kth_value = state_dict["kth_value"]

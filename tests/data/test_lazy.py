@@ -1,0 +1,273 @@
+"""The lazy path (data.lazy): a directory of Parquet files streamed one instrument at a time into
+a disk-backed window store gives what the in-memory path gives for the same data as one file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from foxhunt.data import store as store_module
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.store import Moments, mean_std
+from foxhunt.errors import CheckpointError, ConfigError, DataError
+from tests.conftest import make_table, with_, write_table
+
+LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
+
+
+def setup(cfg, schema=None) -> ParquetDataModule:
+    dm = ParquetDataModule(cfg, schema=schema)
+    dm.setup()
+    return dm
+
+
+def rows_of(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in cols.items()}
+
+
+def per_instrument(folder: Path, cols: dict[str, np.ndarray]) -> Path:
+    folder.mkdir()
+    for symbol in np.unique(cols["symbol"]):
+        write_table(folder / f"{symbol}.parquet", rows_of(cols, cols["symbol"] == symbol))
+    return folder
+
+
+def per_month(folder: Path, cols: dict[str, np.ndarray], months: int = 3, spoil=None) -> Path:
+    """Every file holds a time slice of every instrument, rows interleaved by time;
+    `spoil(columns)` may change the middle file (a table: written as it is)."""
+    folder.mkdir()
+    t = cols["timestamp"]
+    for m, times in enumerate(np.array_split(np.unique(t), months)):
+        part = rows_of(cols, (t >= times[0]) & (t <= times[-1]))
+        part = rows_of(part, np.argsort(part["timestamp"], kind="stable"))
+        if spoil is not None and m == 1:
+            part = spoil(part)
+        if isinstance(part, pa.Table):
+            pq.write_table(part, folder / f"m{m}.parquet")
+        else:
+            write_table(folder / f"m{m}.parquet", part)
+    return folder
+
+
+def hive(folder: Path, cols: dict[str, np.ndarray]) -> Path:
+    for symbol in np.unique(cols["symbol"]):
+        part = rows_of(cols, cols["symbol"] == symbol)
+        del part["symbol"]  # the partition directory provides it
+        (folder / f"symbol={symbol}").mkdir(parents=True)
+        write_table(folder / f"symbol={symbol}" / "part-0.parquet", part)
+    return folder
+
+
+def lazy(cfg, path: Path, tmp_path: Path):
+    return with_(cfg, path=str(path), lazy=True, cache_dir=str(tmp_path / "cache"))
+
+
+def assert_same(eager: ParquetDataModule, lazy_dm: ParquetDataModule) -> None:
+    a, b = eager.schema.to_dict(), lazy_dm.schema.to_dict()
+    for key in ("input_mean", "input_std", "static_mean", "static_std"):
+        np.testing.assert_allclose(b.pop(key), a.pop(key), rtol=1e-12, atol=1e-300)
+    assert a == b
+    for split in ("train", "val", "test"):
+        x, y = eager.datasets[split], lazy_dm.datasets[split]
+        assert torch.equal(x.starts, y.starts) and torch.equal(x.group, y.group)
+        if len(x) == 0:
+            continue
+        index = list(range(0, len(x), 7)) + [len(x) - 1]
+        bx, by = x.__getitems__(index), y.__getitems__(index)
+        for k in bx:
+            torch.testing.assert_close(by[k], bx[k], rtol=0, atol=1e-6)
+
+
+@pytest.fixture
+def cols() -> dict[str, np.ndarray]:
+    return make_table(LENGTHS)
+
+
+@pytest.fixture
+def eager(tmp_path, data_cfg, cols) -> ParquetDataModule:
+    dm = setup(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", cols)), lazy=False))
+    assert dm.store_path is None
+    return dm
+
+
+@pytest.mark.parametrize("layout", [per_instrument, per_month, hive])
+def test_directory_matches_one_file(tmp_path, data_cfg, cols, eager, layout):
+    dm = setup(lazy(data_cfg, layout(tmp_path / "parts", cols), tmp_path))
+    assert dm.store_path is not None and isinstance(dm.datasets["train"].inputs, torch.Tensor)
+    assert_same(eager, dm)
+
+
+def test_eager_directory_matches_one_file(tmp_path, data_cfg, cols, eager):
+    folder = per_month(tmp_path / "parts", cols)
+    assert_same(eager, setup(with_(data_cfg, path=str(folder), lazy=False)))
+    assert_same(eager, setup(with_(data_cfg, path=str(hive(tmp_path / "hive", cols)))))
+
+
+def test_one_file_in_small_row_groups(tmp_path, data_cfg, cols, eager):
+    path = tmp_path / "rg.parquet"
+    arrays = {k: pa.array(v, pa.timestamp("ns", tz="UTC")) if k == "timestamp" else v
+              for k, v in cols.items()}  # fmt: skip
+    pq.write_table(pa.table(arrays), path, row_group_size=64)
+    assert_same(eager, setup(lazy(data_cfg, path, tmp_path)))
+
+
+def test_ohlcv_features_match(tmp_path, es_sample, data_cfg):
+    cfg = with_(
+        data_cfg,
+        path=str(es_sample),
+        target=None,
+        features="ohlcv",
+        known_features=[],
+        encoder_length=32,
+        prediction_length=4,
+    )
+    assert_same(setup(with_(cfg, lazy=False)), setup(lazy(cfg, es_sample, tmp_path)))
+
+
+def test_moments_merge_like_numpy():
+    rng = np.random.default_rng(3)
+    blocks = [rng.normal(loc, scale, size=(n, 4)) for loc, scale, n in
+              ((1e3, 1.0, 500), (-5.0, 30.0, 70), (0.0, 1e-3, 1), (2.0, 2.0, 900))]  # fmt: skip
+    moments = Moments(4)
+    for b in blocks:
+        moments.add(b)
+    mean, std = moments.mean_std()
+    want_mean, want_std = mean_std(np.concatenate(blocks))
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-12)
+    np.testing.assert_allclose(std, want_std, rtol=1e-12)
+
+
+# ---- the cache ----
+
+
+def test_store_is_reused_and_rebuilt_when_the_data_changes(tmp_path, data_cfg, cols, monkeypatch):
+    folder = per_instrument(tmp_path / "parts", cols)
+    cfg = lazy(data_cfg, folder, tmp_path)
+    first = setup(cfg)
+    built = first.store_path
+
+    def no_reading(cfg):
+        raise AssertionError("the store should have been reused")
+
+    with monkeypatch.context() as m:
+        m.setattr(store_module, "stream", no_reading)
+        again = setup(cfg)
+    assert again.store_path == built
+    assert_same(first, again)
+
+    changed = rows_of(make_table(LENGTHS, seed=9), make_table(LENGTHS)["symbol"] == "BBB")
+    write_table(folder / "BBB.parquet", changed)
+    rebuilt = setup(cfg)
+    assert rebuilt.store_path != built and not built.exists()  # the stale store is removed
+    assert rebuilt.schema.input_mean != first.schema.input_mean
+
+    cfg = with_(cfg, val_fraction=0.25)  # a setting that changes the rows: a new key
+    other = setup(cfg)
+    assert other.store_path != rebuilt.store_path
+    assert setup(with_(cfg, batch_size=3)).store_path == other.store_path  # one that does not
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [other.store_path.name]
+
+
+def test_store_with_a_missing_file_is_rebuilt(tmp_path, data_cfg, cols):
+    cfg = lazy(data_cfg, per_instrument(tmp_path / "parts", cols), tmp_path)
+    first = setup(cfg)
+    (first.store_path / "inputs.f32").unlink()
+    again = setup(cfg)
+    assert again.store_path == first.store_path
+    assert_same(first, again)
+
+
+def test_checkpoint_schema_fixes_the_normalization(tmp_path, data_cfg, cols, eager):
+    folder = per_instrument(tmp_path / "parts", make_table(LENGTHS, seed=7))
+    dm = setup(lazy(data_cfg, folder, tmp_path), schema=eager.schema)
+    assert dm.schema.input_mean == eager.schema.input_mean
+    other = with_(lazy(data_cfg, folder, tmp_path), features=["f1", "k1"], known_features=[])
+    with pytest.raises(CheckpointError, match="missing from the data: f2"):
+        setup(other, schema=eager.schema)
+
+
+def test_lazy_auto_and_bad_value(tmp_path, data_cfg, cols, monkeypatch):
+    folder = per_instrument(tmp_path / "parts", cols)
+    cfg = with_(data_cfg, path=str(folder), lazy="auto", cache_dir=str(tmp_path / "cache"))
+    assert setup(cfg).store_path is None  # small: in memory
+    monkeypatch.setattr(store_module, "LAZY_MEMORY_FRACTION", 0.0)
+    assert setup(cfg).store_path is not None
+    with pytest.raises(ConfigError, match="data.lazy must be auto, true or false, got 'sometimes'"):
+        setup(with_(cfg, lazy="sometimes"))
+
+
+def test_default_cache_dir_is_next_to_the_data(tmp_path, data_cfg, cols):
+    folder = per_instrument(tmp_path / "parts", cols)
+    dm = setup(with_(data_cfg, path=str(folder), lazy="true"))
+    assert dm.store_path.parent == tmp_path / ".foxhunt-cache"
+
+
+# ---- bad input: one line naming the file, the instrument and the column ----
+
+
+def swap_aaa_rows(part):
+    i = np.flatnonzero(part["symbol"] == "AAA")[[5, 6]]
+    part["timestamp"][i] = part["timestamp"][i[::-1]]
+    return part
+
+
+def nan_in_bbb(part):
+    part["f1"][np.flatnonzero(part["symbol"] == "BBB")[3]] = np.nan
+    return part
+
+
+def without_f2(part):
+    del part["f2"]
+    return part
+
+
+def f1_as_text(part):
+    time = pa.array(part["timestamp"], pa.timestamp("ns", tz="UTC"))
+    return pa.table({**part, "timestamp": time, "f1": pa.array(part["f1"].astype(str))})
+
+
+def time_as_integer(part):
+    return pa.table(part)  # int64 nanoseconds where the other files have timestamps
+
+
+def test_a_file_that_is_not_parquet(tmp_path, data_cfg, cols):
+    folder = per_instrument(tmp_path / "parts", cols)
+    (folder / "BBB.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="cannot read .*BBB.parquet as Parquet"):
+        setup(lazy(data_cfg, folder, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (swap_aaa_rows, r"not strictly increasing in instrument AAA at its row \d+ \(of 300\) in "),
+        (nan_in_bbb, r"NaN/inf values in instrument BBB in .*: 'f1' \(1\); set data.nan_policy"),
+        (without_f2, r"missing column\(s\) f2 in .*; the file has: timestamp, symbol, f1, k1, y"),
+        (f1_as_text, r"column 'f1' is string in .*, expected a numeric column"),
+        (time_as_integer, r"time column 'timestamp' is int64 in .* but timestamp\[ns, tz=UTC\]"),
+    ],
+)
+def test_errors_name_the_file(tmp_path, data_cfg, cols, spoil, message):
+    folder = per_month(tmp_path / "parts", cols, spoil=spoil)
+    with pytest.raises(DataError, match=message) as err:
+        setup(lazy(data_cfg, folder, tmp_path))
+    assert str(folder / "m1.parquet") in str(err.value) and "\n" not in str(err.value)
+    assert not list((tmp_path / "cache").glob("*")), "a failed build leaves nothing behind"
+
+
+@pytest.mark.parametrize("value, lazy_path", [("true", True), ("false", False), ("auto", False)])
+def test_hydra_override(tmp_path, data_cfg, cols, value, lazy_path):
+    from hydra import compose, initialize_config_dir
+
+    from foxhunt.config import register_configs
+
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        composed = compose("train", overrides=["data=parquet", f"data.lazy={value}"])
+    assert store_module.wants_lazy(with_(data_cfg, lazy=composed.data.lazy)) is lazy_path

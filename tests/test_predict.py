@@ -1,0 +1,286 @@
+"""Prediction: a tiny model trained once, then forecasts on a held-out tail of its data."""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+import foxhunt
+from foxhunt import cli
+from foxhunt.data.datamodule import DataSchema
+from foxhunt.data.features import derive_features
+from foxhunt.data.loading import Future, Series
+from foxhunt.errors import CheckpointError
+from foxhunt.predict import _future_steps, build_windows
+from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
+from foxhunt.training.module import TFTModule, model_init
+from foxhunt.training.run import train
+from tests.conftest import FIVE_MIN, make_table, write_table
+from tests.test_config import compose_train
+from tests.training.test_train import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+E, H = 16, 4  # tiny_overrides' window
+TAIL = 30  # rows per instrument in the prediction file: 26 with a target, then H to forecast
+QUANTILES = ["q0.1", "q0.5", "q0.9"]
+
+
+def _last_rows(symbols: np.ndarray, k: int) -> np.ndarray:
+    """Mask of each instrument's last k rows (rows grouped by instrument, in time order)."""
+    mask = np.zeros(len(symbols), dtype=bool)
+    for s in np.unique(symbols):
+        mask[np.flatnonzero(symbols == s)[-k:]] = True
+    return mask
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One epoch on all but each instrument's last H rows; the prediction file is the last
+    TAIL rows, with target and observed features of the last H emptied (the bars to forecast)."""
+    root = tmp_path_factory.mktemp("predict")
+    cols = make_table({"AAA": 300, "BBB": 200})
+    train_path = write_table(
+        root / "train.parquet",
+        {k: v[~_last_rows(cols["symbol"], H)] for k, v in cols.items()},
+    )
+    cfg = compose_train(
+        *tiny_overrides(train_path, "trainer.max_epochs=1"),
+        *("trainer.limit_train_batches=3", "trainer.limit_val_batches=1"),
+        *("trainer.limit_test_batches=1", "model.hidden_dim=16", "model.variable_dim=4"),
+    )
+    run = root / "run"
+    summary = train(cfg, run)
+    (run / ".hydra").mkdir()  # what train.py's Hydra run leaves beside the checkpoints
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    tail = {k: v[_last_rows(cols["symbol"], TAIL)] for k, v in cols.items()}
+    future = _last_rows(tail["symbol"], H)
+    for k in ("y", "f1", "f2"):
+        tail[k] = np.where(future, np.nan, tail[k])
+    return SimpleNamespace(
+        ckpt=Path(summary["best_checkpoint"]),
+        root=root,
+        tail=tail,
+        future=future,
+        tail_path=write_table(root / "tail.parquet", tail),
+    )
+
+
+def _ns(table: pa.Table, column: str) -> np.ndarray:
+    return pc.cast(table.column(column), pa.int64()).to_numpy()
+
+
+def _assert_ordered(table: pa.Table) -> None:
+    q = np.column_stack([table.column(c).to_numpy() for c in QUANTILES])
+    assert (np.diff(q, axis=1) >= 0).all()
+
+
+def test_latest_window_per_instrument_equals_a_hand_computation(trained):
+    predictor = foxhunt.load(trained.ckpt)  # the data config: the training run's
+    table = predictor.predict(trained.tail_path)  # batch size from the memory estimator
+    assert predictor.batch_size_for(2) == 2  # the two windows fit at once
+    assert 1 <= predictor.batch_size_for(100_000) <= 8192
+    assert table.column_names == [
+        "instrument",
+        "origin_time",
+        "horizon",
+        "target_time",
+        *QUANTILES,
+        "actual",
+    ]
+    assert table.num_rows == 2 * H  # instruments x horizon, each row one quantile set
+    assert table.column("instrument").to_pylist() == ["AAA"] * H + ["BBB"] * H
+    assert table.column("horizon").to_pylist() == list(range(1, H + 1)) * 2
+    assert table.column("actual").null_count == 2 * H  # the forecast bars are not realised
+    _assert_ordered(table)
+
+    tail, schema = trained.tail, predictor.schema
+    module = TFTModule.load_from_checkpoint(trained.ckpt, map_location="cpu")
+    model = module.model.eval()
+    mean, std = np.asarray(schema.input_mean), np.asarray(schema.input_std)
+    for name in ("AAA", "BBB"):
+        rows = np.flatnonzero(tail["symbol"] == name)
+        enc, dec = rows[-H - E : -H], rows[-H:]
+        raw = np.column_stack([tail[c][enc] for c in ("y", "f1", "f2", "k1")])
+        batch = {
+            "encoder_cont": torch.tensor((raw - mean) / std, dtype=torch.float32)[None],
+            "decoder_known": torch.tensor(
+                (tail["k1"][dec] - mean[3]) / std[3], dtype=torch.float32
+            )[None, :, None],
+            "static_cat": torch.tensor([[schema.groups.index(name)]]),
+            "static_real": torch.zeros(1, 0),
+        }
+        with torch.no_grad():
+            out = model(batch)[0].numpy().astype(np.float64)
+        expected = np.sort(out, axis=-1) * std[0] + mean[0]  # a level target: centred too
+        got = table.filter(np.asarray(table.column("instrument").to_pylist()) == name)
+        values = np.column_stack([got.column(c).to_numpy() for c in QUANTILES])
+        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
+        assert _ns(got, "origin_time").tolist() == [tail["timestamp"][enc[-1]]] * H
+        np.testing.assert_array_equal(_ns(got, "target_time"), tail["timestamp"][dec])
+
+    # quantiles that cross are sorted: a head emitting them in reverse order gives the same
+    head = predictor.model.output_layer
+    with torch.no_grad():
+        head.weight.copy_(head.weight.flip(0))
+        head.bias.copy_(head.bias.flip(0))
+    assert predictor.predict(trained.tail_path).equals(table)
+
+    # without the training run's config, one derived from the checkpoint's schema (plus the
+    # group column, which the schema does not name)
+    alone = shutil.copy(trained.ckpt, trained.root / "alone.ckpt")
+    bare = foxhunt.load(alone, {"group_column": "symbol"}, batch_size=2)
+    assert bare.predict(trained.tail_path).equals(table)
+
+
+def test_all_windows_actuals_and_table_input(trained):
+    predictor = foxhunt.load(trained.ckpt, batch_size=7)  # several batches
+    table = predictor.predict(trained.tail_path, all_windows=True)
+    observed = TAIL - H
+    windows = 2 * (observed - E + 1)  # origins from the 16th row to the last with a target
+    assert table.num_rows == windows * H
+    _assert_ordered(table)
+    tail = trained.tail
+    rows = zip(table.column("instrument").to_pylist(), _ns(table, "target_time"), strict=True)
+    for (name, t), actual in zip(rows, table.column("actual").to_pylist(), strict=True):
+        at = np.flatnonzero((tail["symbol"] == name) & (tail["timestamp"] == t))[0]
+        assert actual is None if trained.future[at] else actual == tail["y"][at]
+    assert table.column("actual").null_count == 2 * (1 + 2 + 3 + 4)  # steps into the future
+    from_table = predictor.predict(pq.read_table(trained.tail_path), all_windows=True)
+    assert from_table.equals(table)
+
+
+def test_future_times_continue_at_the_bar_interval():
+    """With only calendar known inputs (features=ohlcv), missing future rows are made up from
+    the most common bar step (a session gap does not count), their target_time unknown."""
+    t = np.array([0, 5, 10, 100, 105, 110]) * 60 * 10**9  # a gap after the third bar
+    s = Series("ES", t, np.zeros((6, 0)), np.zeros((6, 5)), np.zeros(0), np.zeros(6))
+    cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
+    given = Future(t[-1:] + FIVE_MIN, {})
+    times, from_data, known = _future_steps(s, given, cfg, 3)
+    np.testing.assert_array_equal(times, t[-1] + FIVE_MIN * np.arange(1, 4))
+    assert from_data.tolist() == [True, False, False]
+    ones = np.ones(3)
+    calendar = derive_features(times, ones, ones, ones, ones, ones).known
+    np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
+
+
+def _run_cli(*args: str, monkeypatch, capsys) -> tuple[int, str, str]:
+    """scripts/predict.py as `python scripts/predict.py ...` runs it, in this process (a
+    subprocess would spend seconds importing torch again)."""
+    hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["predict.py", *args, *hydra])
+    monkeypatch.setattr(cli, "_task_started", False)
+    GlobalHydra.instance().clear()
+    code = 0
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "predict.py"), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        GlobalHydra.instance().clear()
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "p.parquet"
+    code, stdout, stderr = _run_cli(
+        f"ckpt_path='{trained.ckpt}'",
+        f"data.path={trained.tail_path}",
+        f"predict.out={out}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code == 0, stderr
+    assert pq.read_table(out).num_rows == 2 * H
+    assert stdout.splitlines()[0].split() == [
+        "instrument",
+        "origin_time",
+        "horizon",
+        "target_time",
+        *QUANTILES,
+        "actual",
+    ]
+    assert stdout.splitlines()[-1].endswith(f"to {out}")
+
+
+@pytest.mark.parametrize(
+    ("change", "extra", "message"),
+    [
+        ("drop f2", [], "missing column(s) f2"),
+        ("add f3", ["data.features=all"], "extra in the data: f3"),
+        ("keep 18 rows", [], "encoder of 16 rows: AAA has 14 (of 14 in the data)"),
+        ("rename BBB", [], "instruments unknown to the checkpoint: CCC"),
+        ("no future k1", [], "the forecast needs the known input(s) k1"),
+    ],
+)
+def test_cli_data_errors_are_one_line(
+    trained, tmp_path, monkeypatch, capsys, change, extra, message
+):
+    cols = dict(trained.tail)
+    if change == "drop f2":
+        del cols["f2"]
+    elif change == "add f3":
+        cols["f3"] = np.ones(len(cols["y"]))
+    elif change == "keep 18 rows":  # 14 with a target, then 4 to forecast
+        keep = _last_rows(cols["symbol"], 18) | (cols["symbol"] == "BBB")
+        cols = {k: v[keep] for k, v in cols.items()}
+    elif change == "rename BBB":
+        cols["symbol"] = np.where(cols["symbol"] == "BBB", "CCC", cols["symbol"])
+    else:
+        cols = {k: v[~trained.future] for k, v in cols.items()}
+    path = write_table(tmp_path / "new.parquet", cols)
+    code, _, stderr = _run_cli(
+        f"ckpt_path='{trained.ckpt}'",
+        f"data.path={path}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *extra,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("error: ")
+    assert message in stderr
+
+
+def test_int8_export_predicts(trained):
+    module = TFTModule.load_from_checkpoint(trained.ckpt, map_location="cpu")
+    schema: DataSchema = module.schema
+    predictor = foxhunt.load(trained.ckpt, batch_size=64)
+    fp32 = predictor.predict(trained.tail_path, all_windows=True)
+    cfg = predictor.data_cfg.copy()  # the int8 ranges are observed on these windows
+    cfg.path = str(trained.tail_path)
+    dataset = build_windows(pq.read_table(trained.tail_path), cfg, schema, True).dataset
+    batch = dataset.__getitems__(list(range(len(dataset))))
+    model = prepare_qat(module.model).eval()
+    set_qat_phase(model, observe=True, fake_quant=True)
+    with torch.no_grad():
+        model(batch)
+    set_qat_phase(model, observe=False, fake_quant=True)
+    init = model_init(module.hparams.model, schema)
+    path = trained.ckpt.parent / "model_int8.pt"  # beside the checkpoints: config found
+    export_int8(model, init, path, schema=schema.to_dict())
+    int8 = foxhunt.load(path, batch_size=64).predict(trained.tail_path, all_windows=True)
+    assert int8.num_rows == fp32.num_rows
+    _assert_ordered(int8)
+    a, b = (np.column_stack([t.column(c).to_numpy() for c in QUANTILES]) for t in (int8, fp32))
+    assert np.abs(a - b).mean() < 0.05 * b.std()
+
+    old = trained.root / "old_int8.pt"  # an export made before exports carried the schema
+    export_int8(model, init, old)
+    load_int8(old)
+    with pytest.raises(CheckpointError, match="exported without its data schema"):
+        foxhunt.load(old)
