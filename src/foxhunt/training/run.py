@@ -201,7 +201,10 @@ def train(
 
     checkpoint = BestCheckpoint(
         dirpath=run_dir / "checkpoints",
-        filename="best-{epoch}-{step}",
+        # best-epoch1-step396.ckpt: no "=" in the name, so the path can be pasted into a Hydra
+        # override (ckpt_path=...) unquoted
+        filename="best-epoch{epoch}-step{step}",
+        auto_insert_metric_name=False,
         monitor=cfg.callbacks.monitor,
         mode="min",
         save_top_k=cfg.callbacks.save_top_k,
