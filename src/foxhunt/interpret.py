@@ -367,13 +367,16 @@ def _plot_fan(
     fig.savefig(path, dpi=100)
 
 
-def _device(name: str) -> torch.device:
+def run_device(name: str, key: str = "device") -> torch.device:
+    """The device to run a model on: `auto` is cuda when one is present; `key` names the
+    setting in the error. (The memory estimator's memory.device may plan for a CUDA device
+    this machine lacks; running on one cannot.)"""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ConfigError(f"device must be auto, cpu or cuda, got {name!r}")
+        raise ConfigError(f"{key} must be auto, cpu or cuda, got {name!r}")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name} but no CUDA device is available")
+        raise ConfigError(f"{key}={name} but no CUDA device is available")
     return torch.device(name)
 
 
@@ -407,7 +410,7 @@ def interpret_checkpoint(
             f"top_k must be positive and windows_per_instrument >= 0, got {cfg.top_k} "
             f"and {cfg.windows_per_instrument}"
         )
-    device = _device(cfg.device)
+    device = run_device(cfg.device)
     path, hparams = read_checkpoint_hparams(cfg.ckpt_path)
     if "schema" not in (hparams or {}):
         raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema in it)")

@@ -45,6 +45,7 @@ from foxhunt.data.loading import (
     split_future,
 )
 from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.interpret import run_device, training_data_config
 
 log = logging.getLogger(__name__)
 MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory is free
@@ -110,7 +111,7 @@ def load(
         raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
     if isinstance(blob, dict) and "hyper_parameters" in blob:
         model, schema, model_cfg, precision = _from_checkpoint(path, blob["hyper_parameters"])
-        target = _device(device)
+        target = run_device(device, "predict.device")
     elif isinstance(blob, dict) and "int8" in blob:
         if device not in ("auto", "cpu"):
             raise ConfigError(
@@ -162,24 +163,12 @@ def _from_export(
     return load_int8(path), DataSchema.from_dict(blob["schema"]), model_cfg, {"name": "fp32"}
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ConfigError(f"predict.device must be auto, cpu or cuda, got {name!r}")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"predict.device={name} but no CUDA device is available")
-    return torch.device(name)
-
-
 def _data_config(
     path: Path,
     schema: DataSchema,
     changes: Mapping[str, Any] | None,
     defaults: DictConfig | None,
 ) -> DictConfig:
-    from foxhunt.interpret import training_data_config
-
     base = defaults
     if base is None:
         base = training_data_config(path)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.interpret import PLOTS, have_matplotlib, interpret, new_figure
+from foxhunt.sweep import markdown_table
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -69,15 +70,7 @@ def write_report(
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return markdown_table(head, rows, missing="-")
 
 
 def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> list[str]:

@@ -102,23 +102,29 @@ def _sort_key(row: dict[str, Any]) -> tuple[int, float]:
     return (0, m) if ok else (1, 0.0)
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|")
+def markdown_table(head: list[str], rows: list[list[Any]], missing: str = "") -> list[str]:
+    """The lines of a markdown table; floats to 4 significant digits, None as `missing`."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return missing
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
 
 
 def _write_markdown(path: Path, rows: list[dict[str, Any]]) -> None:
     name = rows[0]["metric_name"] if rows else "metric"
     head = ["job", "swept", "status", name, "test_loss", "batch_size", "num_parameters"]
     head += ["peak_memory_mb", "wall_s", "error"]
-    lines = [f"# Sweep summary (sorted by {name})", "", "| " + " | ".join(head) + " |"]
-    lines.append("|" + "---|" * len(head))
-    for r in sorted(rows, key=_sort_key):
-        values = [r.get("metric") if h == name else r.get(h) for h in head]
-        lines.append("| " + " | ".join(_cell(v) for v in values) + " |")
+    cells = [
+        [r.get("metric") if h == name else r.get(h) for h in head]
+        for r in sorted(rows, key=_sort_key)
+    ]
+    lines = [f"# Sweep summary (sorted by {name})", "", *markdown_table(head, cells)]
     path.write_text("\n".join(lines) + "\n")
 
 
