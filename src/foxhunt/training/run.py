@@ -140,6 +140,43 @@ def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> P
     return found
 
 
+def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precision: str) -> None:
+    """A checkpoint resumes only into the model (and precision family) it was trained as."""
+    changed = [
+        k
+        for k in model_cfg
+        if k not in RUNTIME_MODEL_KEYS and hparams["model"].get(k) != model_cfg[k]
+    ]
+    if changed:
+        raise ConfigError(
+            "the checkpoint was trained with a different model: "
+            + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
+        )
+    trained = (hparams.get("precision") or {"name": "fp32"})["name"]
+    if (trained == "int8") != (precision == "int8"):
+        raise ConfigError(
+            f"the checkpoint was trained with precision={trained}, not precision={precision}"
+        )
+
+
+def _checkpoints(cfg: DictConfig, dirpath: Path) -> tuple[BestCheckpoint, ModelCheckpoint]:
+    """The best checkpoints by the monitored metric, and last.ckpt: the latest state."""
+    best = BestCheckpoint(
+        dirpath=dirpath,
+        # best-epoch1-step396.ckpt: no "=" in the name, so the path can be pasted into a Hydra
+        # override (ckpt_path=...) unquoted
+        filename="best-epoch{epoch}-step{step}",
+        auto_insert_metric_name=False,
+        monitor=cfg.callbacks.monitor,
+        mode="min",
+        save_top_k=cfg.callbacks.save_top_k,
+    )
+    # every epoch: Lightning 2.6's save_last writes last.ckpt only in a step that also saved a
+    # top-k checkpoint (with save_top_k=1, the best state, not the latest)
+    latest = ModelCheckpoint(dirpath=dirpath, filename="last", enable_version_counter=False)
+    return best, latest
+
+
 def train(
     cfg: DictConfig,
     run_dir: Path,
@@ -168,22 +205,7 @@ def train(
         # resumed sweep's job); otherwise the new run directory leaves the old one untouched
         resumed_in_place = ckpt_path.parent == (Path(run_dir) / "checkpoints").resolve()
         schema = DataSchema.from_dict(hparams["schema"])
-        changed = [
-            k
-            for k in model_cfg
-            if k not in RUNTIME_MODEL_KEYS and hparams["model"].get(k) != model_cfg[k]
-        ]
-        if changed:
-            raise ConfigError(
-                "the checkpoint was trained with a different model: "
-                + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
-            )
-        trained = (hparams.get("precision") or {"name": "fp32"})["name"]
-        if (trained == "int8") != (cfg.precision.name == "int8"):
-            raise ConfigError(
-                f"the checkpoint was trained with precision={trained}, "
-                f"not precision={cfg.precision.name}"
-            )
+        _check_same_model(hparams, model_cfg, cfg.precision.name)
 
     datamodule = ParquetDataModule(cfg.data, schema=schema, seed=cfg.seed)
     datamodule.setup()
@@ -199,21 +221,7 @@ def train(
     )
     module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
 
-    checkpoint = BestCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        # best-epoch1-step396.ckpt: no "=" in the name, so the path can be pasted into a Hydra
-        # override (ckpt_path=...) unquoted
-        filename="best-epoch{epoch}-step{step}",
-        auto_insert_metric_name=False,
-        monitor=cfg.callbacks.monitor,
-        mode="min",
-        save_top_k=cfg.callbacks.save_top_k,
-    )
-    # last.ckpt, the latest state, every epoch: Lightning 2.6's save_last writes it only in a
-    # step that also saved a top-k checkpoint (with save_top_k=1, the best one, not the latest)
-    latest = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints", filename="last", enable_version_counter=False
-    )
+    checkpoint, latest = _checkpoints(cfg, run_dir / "checkpoints")
     memory = memory_callbacks(cfg)
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
