@@ -142,18 +142,13 @@ def interpret(
         set_qat_phase(model, observe=False, fake_quant=True)  # as the test split is scored
     device = module.device
     sums = _Sums(schema, quantiles)
-    instrument_of_window: list[np.ndarray] = []  # one small int per window, for the fan chart
+    instrument_of_window = dataset.group[dataset.starts].numpy()  # for the fan chart
     try:
         with torch.no_grad():
             for batch in datamodule.test_dataloader(sharded=False):
                 batch = {k: v.to(device) for k, v in batch.items()}
                 sums.add(model.interpret(batch), batch, schema)
-                cat = batch["static_cat"]
-                group = cat[:, 0] if cat.shape[1] else torch.zeros(len(cat), dtype=torch.long)
-                instrument_of_window.append(group.cpu().numpy().astype(np.int32))
-            fan = _fan_windows(
-                model, schema, dataset, np.concatenate(instrument_of_window), windows_per_instrument
-            )
+            fan = _fan_windows(model, schema, dataset, instrument_of_window, windows_per_instrument)
     finally:
         model.train(was_training)
 
@@ -231,7 +226,7 @@ def _fan_windows(
         picks = np.unique(np.linspace(0, len(where) - 1, per_instrument).round().astype(int))
         name = schema.groups[g] if schema.groups else schema.target
         chosen += [(name, int(where[p])) for p in picks]
-    batch = torch.utils.data.default_collate([dataset[i] for _, i in chosen])
+    batch = dataset.__getitems__([i for _, i in chosen])  # one gather, as the loaders do
     device = next(model.parameters()).device
     pred = model({k: v.to(device) for k, v in batch.items()}).float().sort(dim=-1).values.cpu()
     scale, center = schema.target_scale, schema.target_center
@@ -389,6 +384,7 @@ def training_data_config(ckpt_path: Path) -> DictConfig | None:
     data = OmegaConf.load(saved).get("data")
     if not isinstance(data, DictConfig):
         return None
+    log.info("data: the training run's config (%s)", saved.parent)
     # onto today's defaults: a run made before a data key existed lacks it
     known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
     return OmegaConf.merge(OmegaConf.structured(DataConfig), known)
@@ -418,7 +414,6 @@ def interpret_checkpoint(
     if not data_overridden:
         found = training_data_config(path)
         if found is not None:
-            log.info("data: the training run's config (%s)", path.parent.parent / ".hydra")
             data_cfg = found
     datamodule = ParquetDataModule(data_cfg, schema=DataSchema.from_dict(hparams["schema"]))
     datamodule.setup()

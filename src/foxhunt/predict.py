@@ -33,7 +33,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
-from foxhunt.data.datamodule import DataSchema, WindowDataset
+from foxhunt.data.datamodule import DataSchema, WindowDataset, window_tensors
 from foxhunt.data.features import KNOWN_CALENDAR
 from foxhunt.data.loading import (
     OHLCV_TARGET,
@@ -44,6 +44,7 @@ from foxhunt.data.loading import (
     open_dataset,
     split_future,
 )
+from foxhunt.data.store import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.interpret import run_device, training_data_config
 
@@ -100,13 +101,9 @@ def load(
     from the checkpoint's schema (columns as trained, time column `timestamp`, no group column).
     `data_defaults`: start from this data config instead (the CLI's `data=<option>`).
     `batch_size`: windows per forward pass; None: planned by the memory estimator."""
-    path = Path(path).expanduser().resolve()
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as exc:  # any unreadable file is the same user-facing problem
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
+    from foxhunt.training.run import read_checkpoint
+
+    path, blob = read_checkpoint(path)
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
     if isinstance(blob, dict) and "hyper_parameters" in blob:
@@ -172,8 +169,6 @@ def _data_config(
     base = defaults
     if base is None:
         base = training_data_config(path)
-        if base is not None:
-            log.info("data: the training run's config (%s)", path.parent.parent / ".hydra")
     if base is None:
         base = _schema_data_config(schema)
     cfg = OmegaConf.merge(base, OmegaConf.create(dict(changes or {})))
@@ -239,13 +234,14 @@ def build_windows(
     _check_history(series, names, observed_rows, cfg, schema.encoder_length)
 
     e, h = schema.encoder_length, schema.prediction_length
-    vocab = {g: i for i, g in enumerate(schema.groups)}
-    static_by_group = np.zeros((max(len(schema.groups), 1), len(schema.static)))
+    group_of_series, static_by_group = normalized_statics(
+        schema.to_dict(), [s.name for s in series], [s.static for s in series]
+    )
     keys = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     rows, groups, starts, lacking = [], [], [], []
     offset = 0
-    for s in series:
+    for s, group in zip(series, group_of_series, strict=True):
         times, given, future_known = _future_steps(s, future.get(s.name), cfg, h)
         if len(times) < h and not all_windows:
             lacking.append(f"{s.name} has {len(times)}")
@@ -266,8 +262,6 @@ def build_windows(
         parts["target_ns"].append(time_all[steps])
         parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
         parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
-        group = vocab.get(s.name, 0)
-        static_by_group[group] = (s.static - schema.static_mean) / schema.static_std
         rows.append(block)
         groups.append(np.full(n + f, group, dtype=np.int64))
         starts.append(offset + origins - e + 1)
@@ -279,14 +273,13 @@ def build_windows(
             f"target empty ({'; '.join(lacking)})"
             + ("" if all_windows else ", or use predict.all_windows=true for past windows")
         )
-    inputs = (np.concatenate(rows) - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
-    inputs_t = torch.from_numpy(inputs.astype(np.float32))
+    inputs, target, known = window_tensors(np.concatenate(rows), schema)
     dataset = WindowDataset(
-        inputs_t,
-        inputs_t[:, 0].contiguous(),
+        inputs,
+        target,
         torch.from_numpy(np.concatenate(groups)),
         torch.from_numpy(static_by_group.astype(np.float32)),
-        inputs_t[:, inputs_t.shape[1] - len(schema.known) :].contiguous(),
+        known,
         np.concatenate(starts),
         e,
         h,

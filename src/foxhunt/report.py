@@ -104,8 +104,8 @@ def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> 
     rows = []
     for key in keys:
         value = OmegaConf.select(cfg, key, default=None)
-        if isinstance(value, DictConfig | list) or OmegaConf.is_list(value):
-            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        if OmegaConf.is_config(value):  # model.quantiles: shown as a plain list
+            value = OmegaConf.to_container(value)
         rows.append([f"`{key}`", value])
     return lines + _table(["key", "value"], rows)
 
@@ -185,14 +185,12 @@ def _add_dates(datamodule: ParquetDataModule, group: np.ndarray, ranges: list[di
     columns = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else [])
     table = open_dataset(cfg.path).to_table(columns=columns)
     times = table.column(cfg.time_column)
+    names = pc.cast(table.column(cfg.group_column), "string") if cfg.group_column else None
     offsets = {g: int(np.argmax(group == g)) for g in np.unique(group)}
     counts = {g: int((group == g).sum()) for g in offsets}
     for g in offsets:
-        schema = datamodule.schema
-        if cfg.group_column:
-            name = schema.groups[g]
-            mine = pc.equal(pc.cast(table.column(cfg.group_column), "string"), name)
-            t = times.filter(mine).to_numpy()
+        if names is not None:
+            t = times.filter(pc.equal(names, datamodule.schema.groups[g])).to_numpy()
         else:
             t = times.to_numpy()
         skipped = len(t) - counts[g]  # leading rows the model did not see

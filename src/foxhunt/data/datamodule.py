@@ -25,7 +25,14 @@ from foxhunt.data.loading import (
     resolve_columns,
     resolve_target_kind,
 )
-from foxhunt.data.store import SPLITS, mean_std, open_store, split_starts, wants_lazy
+from foxhunt.data.store import (
+    SPLITS,
+    mean_std,
+    normalized_statics,
+    open_store,
+    split_starts,
+    wants_lazy,
+)
 from foxhunt.errors import CheckpointError, DataError
 
 log = logging.getLogger(__name__)
@@ -152,6 +159,17 @@ class WindowDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+
+def window_tensors(
+    rows: np.ndarray, schema: DataSchema
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 encoder rows [rows, 1 + observed + known] normalized with the schema's statistics:
+    the float32 inputs, target (column 0) and known (trailing columns) that WindowDataset takes."""
+    normalized = (rows - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
+    inputs = torch.from_numpy(normalized.astype(np.float32))
+    known = inputs[:, inputs.shape[1] - len(schema.known) :].contiguous()
+    return inputs, inputs[:, 0].contiguous(), known
 
 
 def random_batch(
@@ -319,19 +337,11 @@ class ParquetDataModule(L.LightningDataModule):
             smean, sstd = mean_std(statics)
             schema.static_mean, schema.static_std = smean.tolist(), sstd.tolist()
 
-        normalized = (inputs - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
-        inputs_t = torch.from_numpy(normalized.astype(np.float32))
-        target_t = inputs_t[:, 0].contiguous()
-        known_t = inputs_t[:, inputs_t.shape[1] - len(schema.known) :].contiguous()
-        # groups index the checkpoint's vocabulary, so a subset of instruments still embeds right
-        vocab = {g: i for i, g in enumerate(schema.groups)}
-        group_of_series = [vocab.get(s.name, 0) for s in series]
-        group_t = torch.from_numpy(
-            np.repeat(group_of_series, [len(s.target) for s in series]).astype(np.int64)
+        inputs_t, target_t, known_t = window_tensors(inputs, schema)
+        group_of_series, static_by_group = normalized_statics(
+            schema.to_dict(), [s.name for s in series], [s.static for s in series]
         )
-        static_by_group = np.zeros((max(len(schema.groups), 1), len(schema.static)))
-        for g, s in zip(group_of_series, series, strict=True):
-            static_by_group[g] = (s.static - schema.static_mean) / schema.static_std
+        group_t = torch.from_numpy(np.repeat(group_of_series, [len(s.target) for s in series]))
         static_t = torch.from_numpy(static_by_group.astype(np.float32))
         starts = {
             split: np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])

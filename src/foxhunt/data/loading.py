@@ -414,9 +414,10 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     after = table.filter(pa.array(future))
     t = _time_ns(after, cfg.time_column)
     known = {k: _as_float(after, k) for k in cfg.known_features if k in after.column_names}
+    after_codes = codes[future]
     by_name = {}
-    for g in np.unique(codes[future]):
-        rows = codes[future] == g
+    for g in np.unique(after_codes):
+        rows = after_codes == g
         by_name[names[g]] = Future(t[rows], {k: v[rows] for k, v in known.items()})
     return table.filter(pa.array(~future)), by_name
 

@@ -95,6 +95,20 @@ def mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.mean(axis=0), _floored(x.std(axis=0))
 
 
+def normalized_statics(
+    schema: dict[str, Any], names: list[str], statics: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each series' index in the schema's instrument vocabulary (0 for one unnamed series), and
+    the normalized static reals by that index [max(groups, 1), static]. Indexing the schema's
+    vocabulary keeps a subset of a checkpoint's instruments embedding right."""
+    vocab = {g: i for i, g in enumerate(schema["groups"])}
+    group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
+    static = np.zeros((max(len(schema["groups"]), 1), len(schema["static"])))
+    for g, st in zip(group_of_series, statics, strict=True):
+        static[g] = (st - schema["static_mean"]) / np.asarray(schema["static_std"])
+    return group_of_series, static
+
+
 class Moments:
     """Per-column count, mean and sum of squared deviations, merged block by block (Chan, Golub
     and LeVeque's parallel update, float64): the statistics of all rows without holding them."""
@@ -343,12 +357,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
             "static_std": static_std.tolist(),
         }
     )
-    # groups index the schema's vocabulary, so a subset of instruments still embeds right
-    vocab = {g: i for i, g in enumerate(schema["groups"])}
-    group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
-    static = np.zeros((max(len(schema["groups"]), 1), len(schema["static"])))
-    for g, st in zip(group_of_series, statics, strict=True):
-        static[g] = (st - schema["static_mean"]) / np.asarray(schema["static_std"])
+    group_of_series, static = normalized_statics(schema, names, statics)
     np.save(folder / "static.npy", static.astype(np.float32))
 
     known = len(schema["known"])

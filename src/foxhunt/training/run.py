@@ -62,16 +62,24 @@ SUMMARY_METRICS = (
 )
 
 
-def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
-    """Resolve a checkpoint to an absolute path and read its hyperparameters, or fail loudly."""
+def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
+    """Resolve a checkpoint (or int8 export) to an absolute path and load it, or fail loudly."""
     path = Path(ckpt_path).expanduser().resolve()
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        # mmap: only the hyperparameters are read now; fit() loads the tensors once, later
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return path, ckpt["hyper_parameters"]
+        # mmap: tensors are paged in only when used; fit() loads them once, later
+        return path, torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as exc:  # any unreadable file is the same user-facing problem
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
+
+
+def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
+    """Resolve a checkpoint to an absolute path and read its hyperparameters, or fail loudly."""
+    path, ckpt = read_checkpoint(ckpt_path)
+    try:
+        return path, ckpt["hyper_parameters"]
+    except Exception as exc:  # not a Lightning checkpoint: the same user-facing problem
         raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
 
 
