@@ -60,8 +60,9 @@ def _in_multirun() -> bool:
 
 def _record_status(status: str, error: str) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from lightning.pytorch.utilities import rank_zero_only
 
-    if not HydraConfig.initialized():
+    if not HydraConfig.initialized() or rank_zero_only.rank != 0:  # DDP: one process writes
         return
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)

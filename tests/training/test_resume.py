@@ -169,7 +169,7 @@ def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_pa
         assert Path(first["best_checkpoint"]).read_bytes() == best
 
 
-def _wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
+def wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = sorted(root.glob(path_glob))
@@ -189,7 +189,7 @@ def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table
         stderr=subprocess.PIPE,
         text=True,
     )
-    last = _wait_for("outputs/*/*/checkpoints/last.ckpt", tmp_path, proc)  # epoch 0 done
+    last = wait_for("outputs/*/*/checkpoints/last.ckpt", tmp_path, proc)  # epoch 0 done
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]

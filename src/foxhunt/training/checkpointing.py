@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 class Interrupted(Exception):
     """Training stopped on a signal after writing `checkpoint`."""
 
-    def __init__(self, signum: int, checkpoint: Path, epoch: int, batch: int) -> None:
-        self.signum, self.checkpoint = signum, checkpoint
-        name = signal.Signals(signum).name
+    def __init__(self, signum: int | None, checkpoint: Path, epoch: int, batch: int) -> None:
+        # None: this DDP process stopped with another that received the signal
+        self.signum, self.checkpoint = signum or signal.SIGINT, checkpoint
+        name = signal.Signals(signum).name if signum else "a signal to another DDP process"
         super().__init__(
             f"{name} during epoch {epoch} after batch {batch}; wrote {checkpoint} "
             "(resume with the same command and resume=auto, or ckpt_path=<that file>)"
@@ -76,7 +77,7 @@ class GracefulInterrupt(L.Callback):
         trainer.save_checkpoint(partial)
         if trainer.is_global_zero:
             os.replace(partial, path)
-        raise Interrupted(self.signum or signal.SIGTERM, path, trainer.current_epoch, idx)
+        raise Interrupted(self.signum, path, trainer.current_epoch, idx)
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
