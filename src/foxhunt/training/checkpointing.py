@@ -114,3 +114,17 @@ class BestCheckpoint(ModelCheckpoint):
         self.best_model_score = state_dict["best_model_score"]
         self.kth_best_model_path = state_dict["kth_best_model_path"]
         self.kth_value = state_dict["kth_value"]
+
+
+class LatestCheckpoint(ModelCheckpoint):
+    """`last.ckpt`, the latest state, written every epoch. Lightning 2.6's own `save_last`
+    writes it only in a step that also saves a top-k checkpoint: with save_top_k=1 that is the
+    best state, not the latest, and a resume would go back to it."""
+
+    def __init__(self, dirpath: Path) -> None:
+        super().__init__(dirpath=dirpath, filename="last", enable_version_counter=False)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        with warnings.catch_warnings():  # "won't be reloaded": nothing here needs to be
+            warnings.filterwarnings("ignore", message="The dirpath has changed")
+            super().load_state_dict(state_dict)

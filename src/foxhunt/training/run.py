@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -41,7 +41,7 @@ from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
-from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt
+from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt, LatestCheckpoint
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule, model_init
 
@@ -167,7 +167,7 @@ def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precis
         )
 
 
-def _checkpoints(cfg: DictConfig, dirpath: Path) -> tuple[BestCheckpoint, ModelCheckpoint]:
+def _checkpoints(cfg: DictConfig, dirpath: Path) -> tuple[BestCheckpoint, LatestCheckpoint]:
     """The best checkpoints by the monitored metric, and last.ckpt: the latest state."""
     best = BestCheckpoint(
         dirpath=dirpath,
@@ -179,10 +179,7 @@ def _checkpoints(cfg: DictConfig, dirpath: Path) -> tuple[BestCheckpoint, ModelC
         mode="min",
         save_top_k=cfg.callbacks.save_top_k,
     )
-    # every epoch: Lightning 2.6's save_last writes last.ckpt only in a step that also saved a
-    # top-k checkpoint (with save_top_k=1, the best state, not the latest)
-    latest = ModelCheckpoint(dirpath=dirpath, filename="last", enable_version_counter=False)
-    return best, latest
+    return best, LatestCheckpoint(dirpath)
 
 
 def train(
