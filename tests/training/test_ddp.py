@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +19,8 @@ from foxhunt.training.run import train
 from tests.memory.test_callbacks import SMALL_MODEL
 from tests.test_config import compose_train
 from tests.training.ddp_probe import OOM_STEP, Probe
-from tests.training.test_resume import wait_for
-from tests.training.test_train import ROOT, run_cli, tiny_overrides
+from tests.training.test_resume import train_until_a_checkpoint
+from tests.training.test_train import run_cli, tiny_overrides
 
 PROBE = "../tests/training/ddp_probe.py"  # run_cli's scripts/ relative
 DDP = ("trainer=ddp", "trainer.devices=2")
@@ -203,14 +201,7 @@ def test_backoff_that_adds_optimizer_steps_is_refused_before_any_process_starts(
 @pytest.mark.slow
 def test_ctrl_c_stops_both_processes_at_the_same_batch_with_one_checkpoint(tmp_path, table_path):
     args = tiny_overrides(table_path, *DDP, "trainer.max_epochs=50", "data.batch_size=8")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    last = wait_for("outputs/*/*/checkpoints/last.ckpt", tmp_path, proc)
+    proc, last = train_until_a_checkpoint(args, tmp_path)
     proc.send_signal(signal.SIGINT)  # to rank 0 alone: rank 1 must stop with it
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]

@@ -180,16 +180,21 @@ def wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float 
     raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
 
 
-def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table_path):
-    args = tiny_overrides(table_path, "trainer.max_epochs=50")
+def train_until_a_checkpoint(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """scripts/train.py running in the background, once its first last.ckpt is written."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    last = wait_for("outputs/*/*/checkpoints/last.ckpt", tmp_path, proc)  # epoch 0 done
+    return proc, wait_for("outputs/*/*/checkpoints/last.ckpt", cwd, proc)
+
+
+def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table_path):
+    args = tiny_overrides(table_path, "trainer.max_epochs=50")
+    proc, last = train_until_a_checkpoint(args, tmp_path)  # epoch 0 done
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]

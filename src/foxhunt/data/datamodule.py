@@ -18,12 +18,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.loading import (
     Loaded,
+    column_plan,
     group_names,
     load,
-    model_inputs,
     open_dataset,
-    resolve_columns,
-    resolve_target_kind,
 )
 from foxhunt.data.store import (
     SPLITS,
@@ -262,15 +260,14 @@ def describe(cfg: Any) -> DataSchema:
     if cfg.generate_if_missing:
         ensure_sample(cfg.path)
     dataset = open_dataset(cfg.path)
-    observed, known, static, target, _ = resolve_columns(dataset.schema, cfg)
-    observed, known = model_inputs(cfg, observed, known)
+    plan = column_plan(dataset, cfg)
     return DataSchema(
-        observed=observed,
-        known=known,
-        static=static,
+        observed=plan.observed,
+        known=plan.known,
+        static=plan.static,
         groups=group_names(dataset, cfg.group_column),
-        target=target,
-        target_kind=resolve_target_kind(cfg),
+        target=plan.target,
+        target_kind=plan.target_kind,
         encoder_length=cfg.encoder_length,
         prediction_length=cfg.prediction_length,
     )

@@ -277,7 +277,8 @@ class _Plan:
         return Loaded(self.observed, self.known, self.static, self.target, self.target_kind, series)
 
 
-def _plan(dataset: pads.Dataset, cfg: Any) -> _Plan:
+def column_plan(dataset: pads.Dataset, cfg: Any) -> _Plan:
+    """The role of every configured column, from the dataset's schema alone (no rows read)."""
     observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
     model_observed, model_known = model_inputs(cfg, observed, known)
     return _Plan(
@@ -348,7 +349,7 @@ def _series(
 def load(cfg: Any) -> Loaded:
     """Read, check and shape the configured data; every user-fixable problem is a DataError."""
     dataset = open_dataset(cfg.path)
-    plan = _plan(dataset, cfg)
+    plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
     projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
     try:
@@ -360,7 +361,7 @@ def load(cfg: Any) -> Loaded:
 
 def load_table(table: pa.Table, cfg: Any) -> Loaded:
     """`load` for a table already in memory (`cfg.path` only names it in messages)."""
-    return _from_table(_plan(pads.dataset(table), cfg), table)
+    return _from_table(column_plan(pads.dataset(table), cfg), table)
 
 
 def _from_table(plan: _Plan, table: pa.Table) -> Loaded:
@@ -588,7 +589,7 @@ def stream(cfg: Any, scratch: Path) -> Loaded:
     instrument. Row groups that hold several instruments are first sorted out into files
     under `scratch`, in one pass. Errors name the file of the offending rows."""
     dataset = open_dataset(cfg.path)
-    plan = _plan(dataset, cfg)
+    plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
     layout = _layout(dataset, cfg.group_column)
     if not layout.parts:
