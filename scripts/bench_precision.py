@@ -98,7 +98,7 @@ def bench(name: str, steps: int) -> dict[str, Any]:
     buf = io.BytesIO()
     torch.save(fp32.state_dict(), buf)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model_int8.pt"
+        path = Path(tmp) / "model_int8.safetensors"
         row["int8_export_bytes"] = export_int8(qat, init, path)
         int8 = load_int8(path)
     row["fp32_weight_bytes"] = len(buf.getvalue())

@@ -1,8 +1,8 @@
 """Forecast with a trained TFT: `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=x`.
 
-Loads a checkpoint (float32) or an int8 export (model_int8.pt), checks the data against the
-checkpoint's schema, forecasts the latest window of each instrument (every window with
-`predict.all_windows=true`) and writes predictions.parquet into the run directory
+Loads a checkpoint (float32) or an export (model_fp32/model_int8.safetensors), checks the
+data against the checkpoint's schema, forecasts the latest window of each instrument (every
+window with `predict.all_windows=true`) and writes predictions.parquet into the run directory
 (outputs/predict/<date>/<time>/) or `predict.out=`; prints a preview and where it wrote.
 The data config is the checkpoint's training run's, with `data.*` overrides on top.
 """

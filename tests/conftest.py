@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,3 +75,24 @@ def es_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def with_(cfg: DataConfig, **changes) -> DataConfig:
     return replace(cfg, **changes)
+
+
+@contextmanager
+def read_only(directory: Path) -> Iterator[Path]:
+    """`directory` unwritable for this process while the block runs: `chattr +i` for root
+    (which permission bits do not stop), mode 0o555 otherwise; skips where neither works."""
+    directory.mkdir(parents=True, exist_ok=True)
+    root = os.geteuid() == 0
+    if root:
+        done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("chattr +i is not available to make a directory unwritable for root")
+    else:
+        directory.chmod(0o555)
+    try:
+        yield directory
+    finally:
+        if root:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+        else:
+            directory.chmod(0o755)

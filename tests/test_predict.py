@@ -217,6 +217,48 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, cap
     assert stdout.splitlines()[-1].endswith(f"to {out}")
 
 
+def test_cli_output_never_overwrites_by_accident(trained, tmp_path, monkeypatch, capsys):
+    def predict(out, *extra):
+        return _run_cli(
+            f"ckpt_path='{trained.ckpt}'",
+            f"data.path={trained.tail_path}",
+            f"predict.out={out}",
+            *extra,
+            f"hydra.run.dir={tmp_path / 'run'}",
+            monkeypatch=monkeypatch,
+            capsys=capsys,
+        )
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    code, stdout, stderr = predict(folder)  # a directory gets the file inside it
+    assert code == 0, stderr
+    assert pq.read_table(folder / "predictions.parquet").num_rows == 2 * H
+    before = trained.tail_path.read_bytes()
+    for out, extra in ((trained.tail_path, ()), (trained.tail_path, ("predict.overwrite=true",))):
+        code, _, stderr = predict(out, *extra)  # the input data: never, whatever overwrite says
+        assert (
+            code == 2
+            and stderr.strip() == f"error: predict.out={out} is the input data; give another path"
+        )
+    assert trained.tail_path.read_bytes() == before
+    mine = tmp_path / "mine.parquet"
+    mine.write_bytes(b"keep")
+    code, _, stderr = predict(mine)
+    assert code == 2 and "exists; give another path, or predict.overwrite=true" in stderr
+    assert mine.read_bytes() == b"keep"
+    code, _, stderr = predict(mine, "predict.overwrite=true")
+    assert code == 0, stderr
+    assert pq.read_table(mine).num_rows == 2 * H
+
+
+def test_the_float_export_forecasts_as_its_checkpoint(trained):
+    export = trained.ckpt.parent / "model_fp32.safetensors"  # written by every fp32 run
+    want = foxhunt.load(trained.ckpt, batch_size=64).predict(trained.tail_path, all_windows=True)
+    got = foxhunt.load(export, batch_size=64).predict(trained.tail_path, all_windows=True)
+    assert got.equals(want)
+
+
 @pytest.mark.parametrize(
     ("change", "extra", "message"),
     [
@@ -271,7 +313,7 @@ def test_int8_export_predicts(trained):
         model(batch)
     set_qat_phase(model, observe=False, fake_quant=True)
     init = model_init(module.hparams.model, schema)
-    path = trained.ckpt.parent / "model_int8.pt"  # beside the checkpoints: config found
+    path = trained.ckpt.parent / "model_int8.safetensors"  # beside the checkpoints: config found
     export_int8(model, init, path, schema=schema.to_dict())
     int8 = foxhunt.load(path, batch_size=64).predict(trained.tail_path, all_windows=True)
     assert int8.num_rows == fp32.num_rows
@@ -279,7 +321,7 @@ def test_int8_export_predicts(trained):
     a, b = (np.column_stack([t.column(c).to_numpy() for c in QUANTILES]) for t in (int8, fp32))
     assert np.abs(a - b).mean() < 0.05 * b.std()
 
-    old = trained.root / "old_int8.pt"  # an export made before exports carried the schema
+    old = trained.root / "old_int8.safetensors"  # as made before exports carried the schema
     export_int8(model, init, old)
     load_int8(old)
     with pytest.raises(CheckpointError, match="exported without its data schema"):

@@ -4,7 +4,6 @@ interrupted run's exit, and re-running a sweep into its own directory (`+sweep.r
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -14,7 +13,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from foxhunt.config import register_configs
-from foxhunt.errors import FoxhuntError
+from foxhunt.errors import FoxhuntError, WriteError
+from foxhunt.files import write_json
 from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2
@@ -35,12 +35,13 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"error: {exc}", file=sys.stderr)
-            if _in_multirun():
+            if _in_multirun() and not isinstance(exc, WriteError):
                 # one invalid combination fails its job, not the sweep; the summary shows it.
                 # inf, not NaN: the Optuna sweeper aborts the study on a NaN, and every
                 # optimized_metric is a loss (minimised)
                 _record_status("invalid", str(exc))
                 return float("inf")
+            _record_status("failed", str(exc))
             sys.exit(EXIT_USER_ERROR)
         except Interrupted as exc:
             # the whole command stops (a sweep too); the sweep summary will show this job
@@ -65,8 +66,10 @@ def _record_status(status: str, error: str) -> None:
     if not HydraConfig.initialized() or rank_zero_only.rank != 0:  # DDP: one process writes
         return
     out = Path(HydraConfig.get().runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "status.json").write_text(json.dumps({"status": status, "error": error}) + "\n")
+    try:
+        write_json(out / "status.json", {"status": status, "error": error})
+    except WriteError:
+        pass  # an unwritable run directory: the error line already said what failed
 
 
 def _is_override(arg: str, key: str) -> bool:

@@ -15,3 +15,7 @@ class ConfigError(FoxhuntError):
 
 class CheckpointError(FoxhuntError):
     """A checkpoint is missing, unreadable or does not match the data."""
+
+
+class WriteError(FoxhuntError):
+    """A result file could not be written (the path and the OS error say why)."""

@@ -4,7 +4,6 @@ quantile, written as `interpretation.json` and PNG plots (`python scripts/interp
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
-from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.errors import ConfigError, DataError
+from foxhunt.files import check_writable, write_json
 
 log = logging.getLogger(__name__)
 NETWORKS = ("static", "encoder", "decoder")
@@ -163,7 +163,7 @@ def interpret(
             _plot_fan(out / PLOTS["forecast_fan"], fan, schema, quantiles)
             drawn.append("forecast_fan")
         result["plots"] = {k: PLOTS[k] for k in drawn}
-    (out / "interpretation.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out / "interpretation.json", result)
     return result
 
 
@@ -396,8 +396,7 @@ def interpret_checkpoint(
     """`interpret` for a checkpoint alone: its schema fixes the columns and normalization.
     Without data overrides (`data_overridden=False`) the data config of the checkpoint's own
     training run is used when it can be found."""
-    from foxhunt.training.module import TFTModule
-    from foxhunt.training.run import read_checkpoint_hparams
+    from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
 
     if not cfg.ckpt_path:
         raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
@@ -407,9 +406,10 @@ def interpret_checkpoint(
             f"and {cfg.windows_per_instrument}"
         )
     device = run_device(cfg.device)
-    path, hparams = read_checkpoint_hparams(cfg.ckpt_path)
-    if "schema" not in (hparams or {}):
-        raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema in it)")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ConfigError(f"out_dir={out_dir} is a file, not a directory")
+    check_writable(out_dir)
+    path, hparams, ckpt = read_checkpoint_hparams(cfg.ckpt_path)
     data_cfg = cfg.data
     if not data_overridden:
         found = training_data_config(path)
@@ -417,5 +417,5 @@ def interpret_checkpoint(
             data_cfg = found
     datamodule = ParquetDataModule(data_cfg, schema=DataSchema.from_dict(hparams["schema"]))
     datamodule.setup()
-    module = TFTModule.load_from_checkpoint(path, map_location=device)
+    module = load_module(ckpt).to(device)
     return interpret(module, datamodule, out_dir, cfg.top_k, cfg.windows_per_instrument)

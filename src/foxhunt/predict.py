@@ -2,9 +2,10 @@
 
 `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`, or in Python
 `foxhunt.load(path).predict(table_or_path)`. The model is a checkpoint (.ckpt, run in float32)
-or an int8 export (`model_int8.pt`, on CPU). Its schema fixes the columns, the normalization and
-the window lengths; the data config (column names, features=ohlcv, NaN policy) is that of the
-checkpoint's training run, with any changes given on top.
+or an export (`model_fp32.safetensors`; `model_int8.safetensors` on CPU). Its schema fixes the
+columns, the normalization and the window lengths; the data config (column names,
+features=ohlcv, NaN policy) is that of the checkpoint's training run, with any changes given on
+top.
 
 The forecast of a window starts after its last encoder row (the origin). Its known-future inputs
 come from rows after an instrument's last target value (target empty, known inputs filled), or,
@@ -46,6 +47,7 @@ from foxhunt.data.loading import (
 )
 from foxhunt.data.store import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.files import check_writable, read_export, write_atomic
 from foxhunt.interpret import run_device, training_data_config
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,8 @@ class PredictOptions:
     all_windows: bool = False  # every complete window, not only each instrument's latest
     batch_size: int | None = None  # None: the largest the memory estimator fits on the device
     device: str = "auto"  # auto (cuda when available) | cpu | cuda
-    out: str | None = None  # None: predictions.parquet in the run directory
+    out: str | None = None  # None: the run directory; a directory gets predictions.parquet
+    overwrite: bool = False  # replace an existing predict.out file (never the input data)
     preview_rows: int = 8
 
 
@@ -94,48 +97,45 @@ def load(
     batch_size: int | None = None,
     data_defaults: DictConfig | None = None,
 ) -> Predictor:
-    """A predictor for a checkpoint (.ckpt) or an int8 export (model_int8.pt).
+    """A predictor for a checkpoint (.ckpt) or an export (model_fp32/model_int8.safetensors).
 
     `data`: data config keys to change (`{"group_column": "symbol"}`) on the data config of the
     checkpoint's training run (`<run>/.hydra/config.yaml`); without one, on a config derived
     from the checkpoint's schema (columns as trained, time column `timestamp`, no group column).
     `data_defaults`: start from this data config instead (the CLI's `data=<option>`).
     `batch_size`: windows per forward pass; None: planned by the memory estimator."""
-    from foxhunt.training.run import read_checkpoint
+    from foxhunt.training.checkpoint_io import read_checkpoint
 
-    path, blob = read_checkpoint(path)
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
+    path, blob = Path(path).expanduser().resolve(), None
+    if path.suffix != ".safetensors":
+        path, blob = read_checkpoint(path)
     if isinstance(blob, dict) and "hyper_parameters" in blob:
-        model, schema, model_cfg, precision = _from_checkpoint(path, blob["hyper_parameters"])
+        model, schema, model_cfg, precision = _from_checkpoint(path, blob)
         target = run_device(device, "predict.device")
-    elif isinstance(blob, dict) and "int8" in blob:
-        if device not in ("auto", "cpu"):
-            raise ConfigError(
-                "an int8 export runs on CPU (torch.ao's dynamic int8 LSTM kernels are CPU "
-                "only): use predict.device=cpu, or the checkpoint it came from"
-            )
-        model, schema, model_cfg, precision = _from_export(path, blob)
-        target = torch.device("cpu")
+    elif blob is None or (isinstance(blob, dict) and "int8" in blob):  # legacy model_int8.pt
+        model, schema, model_cfg, int8 = _from_export(path, device)
+        precision = {"name": "fp32"}  # dequantized or float weights: a float trace sizes it
+        target = torch.device("cpu") if int8 else run_device(device, "predict.device")
     else:
-        raise CheckpointError(f"{path} is neither a foxhunt checkpoint nor an int8 export")
+        raise CheckpointError(f"{path} is neither a foxhunt checkpoint nor an export")
     del blob
     data_cfg = _data_config(path, schema, data, data_defaults)
     return Predictor(model, schema, data_cfg, target, model_cfg, precision, batch_size)
 
 
 def _from_checkpoint(
-    path: Path, hparams: Mapping[str, Any]
+    path: Path, ckpt: Mapping[str, Any]
 ) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], dict[str, Any]]:
     """(model, schema, model config, precision to plan the batch size with)."""
-    from foxhunt.training.module import TFTModule
+    from foxhunt.training.checkpoint_io import load_module
 
+    hparams = ckpt["hyper_parameters"]
     if "schema" not in hparams:
         raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
     # compile=False: a compiled model would be built for one prediction only
-    module = TFTModule.load_from_checkpoint(
-        path, map_location="cpu", model={**hparams["model"], "compile": False}
-    )
+    module = load_module(ckpt, compile=False)
     int8 = (hparams.get("precision") or {}).get("name") == "int8"
     if int8:  # the fake-quant model, as the test split scores it
         from foxhunt.quantization import set_qat_phase
@@ -146,18 +146,30 @@ def _from_checkpoint(
 
 
 def _from_export(
-    path: Path, blob: Mapping[str, Any]
-) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], dict[str, Any]]:
-    from foxhunt.quantization.qat import load_int8
+    path: Path, device: str
+) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], bool]:
+    """An export: float32 weights (model_fp32.safetensors) or int8 (model_int8.safetensors, or
+    a legacy model_int8.pt), loaded without pickle (the legacy file weights-only).
+    (model, schema, model config, whether it is int8)."""
+    from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
+    from foxhunt.training.checkpoint_io import load_weights
 
-    if blob.get("schema") is None:
+    meta = read_export(path)[1] if path.suffix == ".safetensors" else read_int8(path)
+    if meta.get("schema") is None:
         raise CheckpointError(
             f"{path} was exported without its data schema (made before exports carried "
             "it): predict from the checkpoint it came from (best-*.ckpt beside it)"
         )
-    model_cfg = {k: blob["init"][k] for k in MODEL_KEYS}
-    # dequantized weights: a float trace sizes the batch
-    return load_int8(path), DataSchema.from_dict(blob["schema"]), model_cfg, {"name": "fp32"}
+    model_cfg = {k: meta["init"][k] for k in MODEL_KEYS}
+    schema = DataSchema.from_dict(meta["schema"])
+    if path.suffix == ".safetensors" and meta.get("format") != INT8_FORMAT:
+        return load_weights(path)[0], schema, model_cfg, False
+    if device not in ("auto", "cpu"):
+        raise ConfigError(
+            "an int8 export runs on CPU (torch.ao's dynamic int8 LSTM kernels are CPU "
+            "only): use predict.device=cpu, or the checkpoint it came from"
+        )
+    return load_int8(path), schema, model_cfg, True
 
 
 def _data_config(
@@ -527,6 +539,27 @@ def preview(table: pa.Table, rows: int) -> str:
     return "\n".join([header, *lines, *more])
 
 
+def output_path(out: str | Path, data: str | None, overwrite: bool) -> Path:
+    """Where predict.out writes: a directory gets predictions.parquet inside it. Refused, before
+    any work: the input data (or a file inside an input directory), whatever `overwrite` says,
+    and any existing file unless `overwrite`."""
+    out = Path(out).expanduser().resolve()
+    if out.is_dir() or str(out).endswith("/"):
+        out = out / "predictions.parquet"
+    if data is not None:
+        source = Path(data).expanduser().resolve()
+        if out == source or source in out.parents:
+            raise ConfigError(f"predict.out={out} is the input data; give another path")
+    if out.is_dir():
+        raise ConfigError(f"predict.out={out} is a directory holding a predictions.parquet one")
+    if out.exists() and not overwrite:
+        raise ConfigError(
+            f"predict.out={out} exists; give another path, or predict.overwrite=true to replace it"
+        )
+    check_writable(out.parent)
+    return out
+
+
 def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """scripts/predict.py: predict, write predictions.parquet, print a preview and where."""
     import pyarrow.parquet as pq
@@ -542,10 +575,10 @@ def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dic
         batch_size=opts.batch_size,
         data_defaults=cfg.data if chosen else None,
     )
+    data = None if OmegaConf.is_missing(predictor.data_cfg, "path") else predictor.data_cfg.path
+    out = output_path(opts.out or run_dir, data, opts.overwrite)
     table = predictor.predict(all_windows=opts.all_windows)
-    out = Path(opts.out) if opts.out else run_dir / "predictions.parquet"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
+    write_atomic(out, lambda f: pq.write_table(table, f))
     windows = table.num_rows // predictor.schema.prediction_length
     instruments = len(pc.unique(table.column("instrument")))
     print(preview(table, opts.preview_rows))

@@ -131,7 +131,7 @@ def test_a_budget_below_the_model_is_one_clear_error(tmp_path, table_path):
 
 
 def _weights(summary):
-    ckpt = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)
+    ckpt = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=True)
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 

@@ -81,7 +81,7 @@ def test_qat_state_survives_a_checkpoint_round_trip():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_export_is_small_loads_in_one_call_and_matches_the_fake_quant_model(tmp_path, backend):
     model, batch = trained_qat_model(backend=backend)
-    path = tmp_path / "model_int8.pt"
+    path = tmp_path / "model_int8.safetensors"
     int8_bytes = export_int8(model, INIT, path)
     assert path.stat().st_size == int8_bytes
     loaded = load_int8(path)
@@ -114,7 +114,7 @@ def test_int8_run_exports_and_scores_the_int8_model(tmp_path, table_path, backen
 
 
 def _final_weights(summary):
-    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)[
+    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=True)[
         "state_dict"
     ]
 

@@ -213,4 +213,4 @@ def test_ctrl_c_stops_both_processes_at_the_same_batch_with_one_checkpoint(tmp_p
     status = json.loads((last.parent.parent / "status.json").read_text())
     assert status["status"] == "interrupted" and status["error"].startswith("SIGINT")
     assert list(tmp_path.glob("outputs/*/*")) == [last.parent.parent]  # one run directory
-    assert not list(last.parent.glob("*.partial"))
+    assert not list(last.parent.glob("*.foxhunt-tmp"))

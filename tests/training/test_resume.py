@@ -59,7 +59,7 @@ def test_resume_auto_or_new_starts_fresh_when_allowed(tmp_path, table_path):
 
 
 def _weights(summary: dict) -> dict[str, torch.Tensor]:
-    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)[
+    return torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=True)[
         "state_dict"
     ]
 

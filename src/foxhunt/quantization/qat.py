@@ -13,8 +13,9 @@ fused variable selection folds and stacks them), so here:
 - the quantile head, the input prescalers and the LSTMs stay float during training.
 The configs are symmetric with no reduce_range, so the fake-quant ranges are those of the export.
 
-Export (`export_int8`) stores every fake-quantized weight, and the LSTMs' weights, as int8 plus
-per-channel scales, the learned input ranges, and the few other parameters in float16.
+Export (`export_int8`, a safetensors file with JSON metadata: no pickle) stores every
+fake-quantized weight, and the LSTMs' weights, as int8 plus per-channel scales, the learned input
+ranges, and the few other parameters in float16.
 `load_int8` rebuilds the model from them: Linear weights dequantized (their outputs are the
 fake-quant model's), inputs rounded to the learned int8 grid, the LSTMs dynamically quantized
 (int8 kernels).
@@ -22,7 +23,6 @@ fake-quant model's), inputs rounded to the learned int8 grid, the LSTMs dynamica
 
 from __future__ import annotations
 
-import io
 import logging
 import warnings
 from pathlib import Path
@@ -40,10 +40,12 @@ with warnings.catch_warnings():
         MovingAveragePerChannelMinMaxObserver,
     )
 
-from foxhunt.errors import ConfigError
+from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.files import load_file, read_export, write_export
 from foxhunt.models.blocks import GroupedLinear
 from foxhunt.models.tft import TemporalFusionTransformer
 
+INT8_FORMAT = "foxhunt-int8"  # the `format` in an int8 export's metadata
 _explained = False
 
 
@@ -276,13 +278,19 @@ def export_int8(
         for k, v in model.state_dict().items()
         if k not in quantized and ".parametrizations." not in k and "input_fq" not in k
     }
-    blob = {"init": init, "int8": weights, "activations": activations, "float": floats}
-    if schema is not None:
-        blob["schema"] = schema
-    buf = io.BytesIO()
-    torch.save(blob, buf)
-    Path(path).write_bytes(buf.getvalue())
-    return len(buf.getvalue())
+    tensors = {f"float/{k}": v for k, v in floats.items()}
+    for key, entry in weights.items():
+        tensors[f"int8/{key}/q"], tensors[f"int8/{key}/scale"] = entry["q"], entry["scale"]
+    meta = {
+        "format": INT8_FORMAT,
+        "init": init,
+        "schema": schema,
+        "int8": {
+            k: {"shape": list(e["shape"]), "stacked": e["stacked"]} for k, e in weights.items()
+        },
+        "activations": activations,
+    }
+    return write_export(path, tensors, meta)
 
 
 class _QuantizeInput:
@@ -296,11 +304,30 @@ class _QuantizeInput:
         return (x, *args[1:])
 
 
+def read_int8(path: str | Path) -> dict[str, Any]:
+    """An int8 export as {init, int8: {key: {q, scale, shape, stacked}}, activations, float,
+    schema}: the safetensors export, or a legacy `.pt` one (loaded weights-only)."""
+    if Path(path).suffix != ".safetensors":
+        return load_file(path)
+    tensors, meta = read_export(path)
+    if meta.get("format") != INT8_FORMAT:
+        raise CheckpointError(f"{path} is not an int8 export (format {meta.get('format')!r})")
+    floats = {k.removeprefix("float/"): v for k, v in tensors.items() if k.startswith("float/")}
+    int8 = {
+        key: {**e, "q": tensors[f"int8/{key}/q"], "scale": tensors[f"int8/{key}/scale"]}
+        for key, e in meta["int8"].items()
+    }
+    activations = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in meta["activations"].items()
+    }
+    return {**meta, "int8": int8, "float": floats, "activations": activations}
+
+
 def load_int8(path: str | Path) -> TemporalFusionTransformer:
     """The exported int8 model, ready for inference: weights dequantized from int8, LSTMs
     dynamically quantized (int8 kernels)."""
     explain_deprecation()
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    blob = read_int8(path)
     model = TemporalFusionTransformer(**blob["init"])
     state = {k: v.float() if v.is_floating_point() else v for k, v in blob["float"].items()}
     for key, entry in blob["int8"].items():

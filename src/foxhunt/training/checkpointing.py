@@ -14,7 +14,6 @@ next training batch (or training ends first). A second Ctrl-C stops at once.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import warnings
@@ -72,11 +71,8 @@ class GracefulInterrupt(L.Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
         if not requested:
             return
-        path = self.dirpath / "last.ckpt"
-        partial = self.dirpath / "last.ckpt.partial"  # never a half-written last.ckpt
-        trainer.save_checkpoint(partial)
-        if trainer.is_global_zero:
-            os.replace(partial, path)
+        path = self.dirpath / "last.ckpt"  # replaced atomically (SafeCheckpointIO)
+        trainer.save_checkpoint(path)
         raise Interrupted(self.signum, path, trainer.current_epoch, idx)
 
     def _restore(self) -> None:

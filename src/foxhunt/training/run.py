@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import io
-import json
 import logging
-import os
 import sys
 import time
 import warnings
@@ -18,16 +15,19 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import save as safetensors_bytes
 from torch.nn.parallel import DistributedDataParallel
 
 from foxhunt.config import validate
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.files import check_writable, remove_stale_temps, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
     MemoryLog,
@@ -41,6 +41,11 @@ from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.training.checkpoint_io import (
+    SafeCheckpointIO,
+    export_weights,
+    read_checkpoint_hparams,
+)
 from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt, LatestCheckpoint
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule, model_init
@@ -62,27 +67,6 @@ SUMMARY_METRICS = (
 )
 
 
-def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
-    """Resolve a checkpoint (or int8 export) to an absolute path and load it, or fail loudly."""
-    path = Path(ckpt_path).expanduser().resolve()
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        # mmap: tensors are paged in only when used; fit() loads them once, later
-        return path, torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as exc:  # any unreadable file is the same user-facing problem
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
-
-
-def read_checkpoint_hparams(ckpt_path: str) -> tuple[Path, dict[str, Any]]:
-    """Resolve a checkpoint to an absolute path and read its hyperparameters, or fail loudly."""
-    path, ckpt = read_checkpoint(ckpt_path)
-    try:
-        return path, ckpt["hyper_parameters"]
-    except Exception as exc:  # not a Lightning checkpoint: the same user-facing problem
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}") from None
-
-
 def _logger(cfg: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
     # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
     # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
@@ -98,22 +82,24 @@ def _logger(cfg: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
     return CSVLogger(save_dir=run_dir, name="csv", version=version)
 
 
+def experiment_key(overrides: Sequence[str]) -> set[str]:
+    """What identifies an experiment: its command-line overrides but the resume ones."""
+    return {o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
+
+
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
     """The newest `checkpoints/last.ckpt` of an earlier run of the same experiment: a run
     directory beside this one (outputs/<date>/<time>/), or this one itself when it is run
     again (a requeued cluster job), whose overrides equal `overrides` except the resume ones
     (resume, ckpt_path, trainer.max_epochs, sweep.resume)."""
 
-    def key(items: Sequence[str]) -> set[str]:
-        return {o for o in items if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
-
-    wanted = key(overrides)
+    wanted = experiment_key(overrides)
     found = []
     for marker in Path(run_dir).resolve().parents[1].glob("*/*/.hydra/overrides.yaml"):
         previous = marker.parent.parent
         last = previous / "checkpoints" / "last.ckpt"
         if last.is_file():
-            if key(OmegaConf.load(marker)) == wanted:
+            if experiment_key(OmegaConf.load(marker)) == wanted:
                 found.append(last)
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
@@ -192,6 +178,9 @@ def train(
     `overrides` (the command line's) identify the experiment for `resume=auto`."""
     started = time.perf_counter()
     validate(cfg)
+    for directory in (run_dir, run_dir / "checkpoints"):  # before any data is read
+        check_writable(directory)
+    remove_stale_temps(run_dir, run_dir / "checkpoints")  # of a killed earlier attempt
     if cfg.optimized_metric not in SUMMARY_METRICS:
         raise ConfigError(
             f"optimized_metric must be one of {', '.join(SUMMARY_METRICS)}, "
@@ -205,33 +194,21 @@ def train(
     resume_from = resume_source(cfg, run_dir, overrides)
     resumed_in_place = False
     if resume_from:
-        ckpt_path, hparams = read_checkpoint_hparams(str(resume_from))
+        ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
+        remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
         # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
         # resumed sweep's job); otherwise the new run directory leaves the old one untouched
         resumed_in_place = ckpt_path.parent == (Path(run_dir) / "checkpoints").resolve()
         schema = DataSchema.from_dict(hparams["schema"])
         _check_same_model(hparams, model_cfg, cfg.precision.name)
 
-    datamodule = ParquetDataModule(cfg.data, schema=schema, seed=cfg.seed)
-    datamodule.setup()
     # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     optim_cfg["gradient_clip_val"] = trainer_cfg.pop("gradient_clip_val")
-    precision_cfg = OmegaConf.to_container(cfg.precision, resolve=True)
-    module = TFTModule(
-        model=model_cfg,
-        schema=datamodule.schema.to_dict(),
-        optim=optim_cfg,
-        precision=precision_cfg,
-    )
-    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
-
     checkpoint, latest = _checkpoints(cfg, run_dir / "checkpoints")
     memory = memory_callbacks(cfg)
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
-    elif isinstance(cfg.memory.val_batch_size, int):
-        datamodule.val_batch_size = cfg.memory.val_batch_size
     interrupt = GracefulInterrupt(run_dir / "checkpoints")
     callbacks: list[L.Callback] = [*memory, interrupt, checkpoint, latest, *extra_callbacks]
     if cfg.precision.name == "int8":
@@ -241,13 +218,28 @@ def train(
             EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
         )
     trainer_cfg["strategy"] = _strategy(trainer_cfg["strategy"])
-    trainer = L.Trainer(
+    # built before the data is read: a wrong Trainer argument is one line at the start
+    trainer = make_trainer(
         **trainer_cfg,
         precision=cfg.precision.trainer_precision,
         default_root_dir=run_dir,
         logger=_logger(cfg, run_dir, resumed_in_place),
         callbacks=callbacks,
+        plugins=[SafeCheckpointIO()],
     )
+    datamodule = ParquetDataModule(cfg.data, schema=schema, seed=cfg.seed)
+    datamodule.setup()
+    if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
+        datamodule.val_batch_size = cfg.memory.val_batch_size
+    precision_cfg = OmegaConf.to_container(cfg.precision, resolve=True)
+    module = TFTModule(
+        model=model_cfg,
+        schema=datamodule.schema.to_dict(),
+        optim=optim_cfg,
+        precision=precision_cfg,
+    )
+    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
+
     if trainer.world_size > 1:
         _before_other_processes(cfg, trainer, ckpt_path)
     device = trainer.strategy.root_device
@@ -287,15 +279,20 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
-    if cfg.precision.name == "int8" and trainer.is_global_zero:
+    if trainer.is_global_zero:  # the best model, exported without pickle
         init = model_init(model_cfg, datamodule.schema)
-        summary |= export_and_test_int8(module, init, datamodule, tested, run_dir / "checkpoints")
+        if cfg.precision.name == "int8":
+            summary |= export_and_test_int8(
+                module, init, datamodule, tested, run_dir / "checkpoints"
+            )
+        else:
+            path = run_dir / "checkpoints" / "model_fp32.safetensors"
+            export_weights(module.model, init, path, datamodule.schema.to_dict())
+            summary["export"] = str(path)
     summary["memory"] = memory_summary(cfg, memory, device)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if trainer.is_global_zero:  # under DDP every process has the summary; one writes it
-        partial = run_dir / "summary.json.partial"  # a reader never sees half a summary
-        partial.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(partial, run_dir / "summary.json")
+        write_json(run_dir / "summary.json", summary)
         if cfg.report:  # after the summary: nothing here can lose it
             _report(cfg, run_dir, summary, module, datamodule)
     trainer.strategy.barrier("summary")  # the other processes end with rank 0, not after it
@@ -309,10 +306,9 @@ def export_and_test_int8(
     split beside the fake-quant model it came from."""
     qat_model = module.model.eval()
     set_qat_phase(qat_model, observe=False, fake_quant=True)
-    path = out_dir / "model_int8.pt"
+    path = out_dir / "model_int8.safetensors"
     int8_bytes = export_int8(qat_model, init, path, schema=datamodule.schema.to_dict())
-    fp32 = io.BytesIO()
-    torch.save(TemporalFusionTransformer(**init).state_dict(), fp32)
+    fp32_bytes = len(safetensors_bytes(TemporalFusionTransformer(**init).state_dict()))
     int8_model = load_int8(path)
     quantiles = module.quantiles.cpu()
     loss_sum = count = 0.0
@@ -328,14 +324,26 @@ def export_and_test_int8(
             scale.append(reference.flatten())
     diff, ref_std = torch.cat(diffs), float(torch.cat(scale).std())
     return {
+        "export": str(path),
         "int8_model": str(path),
         "int8_test_loss": loss_sum / max(count, 1),
         "fp32_equivalent_test_loss": tested["test_loss"],
         "export_bytes_int8": int8_bytes,
-        "export_bytes_fp32": len(fp32.getvalue()),
+        "export_bytes_fp32": fp32_bytes,
         "int8_vs_fake_quant_max_abs_diff_rel_std": float(diff.max()) / ref_std,
         "int8_vs_fake_quant_mean_abs_diff_rel_std": float(diff.mean()) / ref_std,
     }
+
+
+def make_trainer(**kwargs: Any) -> L.Trainer:
+    """`lightning.Trainer(**kwargs)`, with a wrong argument or value as one ConfigError line."""
+    unknown = sorted(set(kwargs) - set(inspect.signature(L.Trainer.__init__).parameters))
+    if unknown:
+        raise ConfigError(f"trainer.{unknown[0]} is not an argument of lightning.Trainer")
+    try:
+        return L.Trainer(**kwargs)
+    except (ValueError, TypeError, MisconfigurationException) as exc:
+        raise ConfigError(f"invalid trainer setting: {' '.join(str(exc).split())}") from None
 
 
 def _strategy(name: str) -> str | Strategy:

@@ -1,0 +1,113 @@
+"""A run directory belongs to one run: checked and locked before Hydra writes anything there.
+
+Hydra writes a run's `.hydra/` and opens its log file in the run directory before the task
+starts, so the checks run as a Hydra callback (`on_run_start`, `on_multirun_start`: configured in
+conf/train.yaml), where a refusal costs nothing already written:
+- the directory (and its `checkpoints/`) must be writable: one line, not the log handler's
+  traceback;
+- a live run's directory is locked (`filelock`; the lock goes with the process, however it
+  ends), so a second run into it stops at once;
+- a fresh run into a directory that holds an earlier run's results is refused, unless it
+  continues that run (`ckpt_path=` one of its checkpoints, or `resume=auto` of the same
+  experiment); a sweep directory likewise, unless `+sweep.resume=true`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.errors import FoxhuntError
+from foxhunt.files import check_writable
+from foxhunt.training.run import experiment_key
+
+LOCK_NAME = ".foxhunt.lock"
+_held: list[FileLock] = []  # kept for the life of the process
+
+
+def _results(run_dir: Path) -> list[str]:
+    """What an earlier run left in `run_dir` that a fresh run would overwrite."""
+    found = [p for p in ("summary.json", "multirun.yaml") if (run_dir / p).exists()]
+    found += [p.name for p in (run_dir / "checkpoints").glob("*.ckpt")]
+    found += [p.parent.name for p in run_dir.glob("*/*/metrics.csv")]
+    return found
+
+
+def _continues(config: DictConfig, run_dir: Path) -> bool:
+    """Whether this run continues the run whose results are in `run_dir`."""
+    if config.get("ckpt_path"):
+        own = (run_dir / "checkpoints").resolve()
+        return Path(config.ckpt_path).expanduser().resolve().parent == own
+    marker = run_dir / ".hydra" / "overrides.yaml"
+    if config.get("resume") and marker.is_file():
+        return experiment_key(OmegaConf.load(marker)) == experiment_key(config.hydra.overrides.task)
+    return False
+
+
+def lock(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock for the rest of this process; FoxhuntError if another has it."""
+    held = FileLock(run_dir / LOCK_NAME)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        raise FoxhuntError(
+            f"run directory {run_dir} is in use by another foxhunt run (it holds "
+            f"{LOCK_NAME}); wait for it to end or give another hydra.run.dir"
+        ) from None
+    _held.append(held)
+
+
+def claim(run_dir: Path, continues: bool, resumable: str) -> None:
+    """Check `run_dir` is writable, lock it, and refuse it if it holds another run's results."""
+    check_writable(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra would next
+    lock(run_dir)
+    found = _results(run_dir)
+    if found and not continues:
+        raise FoxhuntError(
+            f"{run_dir} already holds a run's results ({', '.join(found[:3])}); nothing was "
+            f"written: {resumable}, or give another directory"
+        )
+
+
+def _other_process() -> bool:
+    """A DDP process after the first: Lightning re-runs the command into the same directory."""
+    return any(int(os.environ.get(k, "0") or 0) > 0 for k in ("LOCAL_RANK", "RANK", "NODE_RANK"))
+
+
+class RunDirectoryGuard(Callback):
+    """The checks of this module as a Hydra callback. `results=False` (predict, interpret):
+    only that the run directory is writable."""
+
+    def __init__(self, results: bool = True) -> None:
+        self.results = results
+
+    def _guard(self, check: Any) -> None:
+        if _other_process():
+            return
+        try:
+            check()
+        except FoxhuntError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # resolving hydra.run.dir here fixes it (Hydra caches ${now:...}) for run_job after
+        run_dir = Path(config.hydra.run.dir).resolve()
+        if not self.results:
+            return self._guard(lambda: check_writable(run_dir))
+        continues = _continues(config, run_dir)
+        hint = "continue it with resume=auto or ckpt_path=<one of its checkpoints>"
+        self._guard(lambda: claim(run_dir, continues, hint))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        continues = bool(config.get("sweep", {}).get("resume"))
+        hint = "continue it with +sweep.resume=true"
+        self._guard(lambda: claim(sweep_dir, continues, hint))

@@ -1,0 +1,80 @@
+"""Checkpoint IO: Lightning's `.ckpt` files read without running code and written atomically.
+
+Every load of a checkpoint, Lightning's own (`fit(ckpt_path=)`, `test(ckpt_path=)`) included,
+goes through `foxhunt.files.load_file` (weights-only unpickling); every save through
+`foxhunt.files.write_atomic` (temp file beside it, fsync, replace, loud on failure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from foxhunt.errors import CheckpointError
+from foxhunt.files import load_file, read_export, write_atomic, write_export
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.training.module import TFTModule
+
+FP32_FORMAT = "foxhunt-fp32"  # the `format` in a float32 export's metadata
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO with foxhunt's reading and writing. Lightning's own
+    `_atomic_save` writes through a temp file in `$TMPDIR`, "moved" by truncate-then-copy when
+    that is another filesystem, and drops a PermissionError: a failed save went unnoticed."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda f: torch.save(checkpoint, f))
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None):
+        return load_file(path, map_location or "cpu")
+
+
+def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
+    """Resolve a checkpoint (or legacy `.pt` export) to an absolute path and load it safely,
+    or fail loudly."""
+    path = Path(ckpt_path).expanduser().resolve()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    return path, load_file(path)
+
+
+def read_checkpoint_hparams(ckpt_path: str | Path) -> tuple[Path, dict[str, Any], Any]:
+    """(absolute path, hyperparameters, the whole checkpoint) of a foxhunt checkpoint."""
+    path, ckpt = read_checkpoint(ckpt_path)
+    if not isinstance(ckpt, dict) or "schema" not in ckpt.get("hyper_parameters", {}):
+        raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
+    return path, ckpt["hyper_parameters"], ckpt
+
+
+def load_module(ckpt: dict[str, Any], **model_changes: Any) -> TFTModule:
+    """The TFTModule of a loaded checkpoint, in eval mode (Lightning's `load_from_checkpoint`
+    would read the file again, with its own loader)."""
+    hparams = dict(ckpt["hyper_parameters"])
+    hparams["model"] = {**hparams["model"], **model_changes}
+    module = TFTModule(**hparams)
+    module.load_state_dict(ckpt["state_dict"])
+    return module.eval()
+
+
+def export_weights(model: TemporalFusionTransformer, init: dict, path: Path, schema: dict) -> int:
+    """The float32 model as a safetensors file (its state dict) with the constructor arguments
+    and the data schema as JSON metadata: what `foxhunt.load` and any safetensors reader need.
+    Returns its size in bytes."""
+    meta = {"format": FP32_FORMAT, "init": init, "schema": schema}
+    return write_export(path, model.state_dict(), meta)
+
+
+def load_weights(path: str | Path) -> tuple[TemporalFusionTransformer, dict[str, Any]]:
+    """(the float32 model in eval mode, the export's metadata) of `export_weights`' file."""
+    tensors, meta = read_export(path)
+    if meta.get("format") != FP32_FORMAT:
+        raise CheckpointError(f"{path} is not a float32 export (format {meta.get('format')!r})")
+    model = TemporalFusionTransformer(**meta["init"])
+    model.load_state_dict(tensors)
+    return model.eval(), meta
