@@ -132,6 +132,7 @@ def build_datamodule(
     cfg = DataConfig(
         path=str(path),
         time_column="time",
+        time_unit="ns",  # step numbers, not times: no calendar features are derived from them
         group_column="series",
         target="target",
         features=feature_names(frame),

@@ -16,6 +16,17 @@ import pytest
 
 from foxhunt.config import DataConfig
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one thread per test worker (and for the commands it starts): threads of two workers
+        # spin-waiting for the same two cores at OpenMP barriers slow both many times over
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 T0 = np.datetime64("2026-01-05T00:00:00", "ns").astype(np.int64)
 FIVE_MIN = 5 * 60 * 10**9
 

@@ -38,6 +38,9 @@ class OhlcvConfig:
 class DataConfig:
     path: str = MISSING
     time_column: str = "timestamp"
+    # s | ms | us | ns: the unit of an integer time column (required for one; a Parquet
+    # timestamp column carries its own unit)
+    time_unit: str | None = None
     group_column: str | None = None
     # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
     target: str | None = None
@@ -228,6 +231,10 @@ def validate(cfg: Any) -> None:
     _check(
         d.nan_policy in ("error", "ffill", "drop"),
         f"data.nan_policy must be error, ffill or drop, got {d.nan_policy!r}",
+    )
+    _check(
+        d.time_unit in (None, "s", "ms", "us", "ns"),
+        f"data.time_unit must be s, ms, us, ns or null, got {d.time_unit!r}",
     )
     _check(
         d.target_kind in ("auto", "return", "level"),

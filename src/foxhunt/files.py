@@ -166,6 +166,8 @@ def write_export(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[
 def read_export(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, metadata) of a foxhunt safetensors export; CheckpointError if it is not one."""
     path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})[EXPORT_KEY])

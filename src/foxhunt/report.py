@@ -123,8 +123,11 @@ def _data_section(datamodule: ParquetDataModule) -> list[str]:
         f"{len(schema.known)} known in the future, {len(schema.static)} static); "
         f"target `{schema.target}` ({schema.target_kind}), encoder {schema.encoder_length} "
         f"bars, forecast {schema.prediction_length} bars",
-        "",
     ]
+    if schema.skipped:
+        skipped = ", ".join(f"`{c}` ({why})" for c, why in schema.skipped.items())
+        lines.append(f"- Not numeric, so left out by `data.features=all`: {skipped}")
+    lines.append("")
     ranges = split_ranges(datamodule)
     table = [
         [r["instrument"], r["split"], r["windows"], r["rows"], r.get("start"), r.get("end")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from foxhunt.config import validate
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.errors import CheckpointError, DataError
+from foxhunt.data.loading import load_table
+from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.report import _data_section
 from tests.conftest import make_table, with_, write_table
+from tests.test_config import compose_train
 
 
 def setup(cfg) -> ParquetDataModule:
@@ -178,7 +184,7 @@ def test_non_numeric_feature(tmp_path, data_cfg):
     table = pa.table({**{k: v for k, v in cols.items()}, "f1": pa.array(cols["f1"].astype(str))})
     pq.write_table(table, tmp_path / "text.parquet")
     with pytest.raises(DataError, match="column 'f1' is string, expected a numeric column"):
-        setup(with_(data_cfg, path=str(tmp_path / "text.parquet")))
+        setup(with_(data_cfg, path=str(tmp_path / "text.parquet"), time_unit="ns"))
 
 
 def test_schema_mismatch_names_missing_and_extra(tmp_path, data_cfg):
@@ -203,3 +209,181 @@ def test_reads_only_needed_columns(tmp_path, data_cfg):
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "extra.parquet", cols)))
     assert setup(cfg).schema.observed == ["f1", "f2"]
     assert Path(cfg.path).exists()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("policy", ["drop", "ffill"])
+def test_an_instrument_with_nothing_left_is_named(tmp_path, data_cfg, policy, lazy):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["f1"][cols["symbol"] == "BBB"] = np.nan  # not left out without a word
+    cfg = with_(data_cfg, path=str(write_table(tmp_path / "empty.parquet", cols)), lazy=lazy)
+    with pytest.raises(
+        DataError, match=f"^instrument BBB has no rows left after data.nan_policy={policy}"
+    ):
+        setup(with_(cfg, nan_policy=policy, cache_dir=str(tmp_path / "cache")))
+
+
+def test_integers_beyond_float64_precision_load(tmp_path, data_cfg):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["f2"] = np.arange(500, dtype=np.int64) + 2**60  # not all exact in float64
+    dm = setup(with_(data_cfg, path=str(write_table(tmp_path / "big.parquet", cols))))
+    assert dm.schema.input_mean[2] == pytest.approx(2.0**60)
+
+
+@pytest.mark.parametrize(
+    "names, groups", [((1.5, 2.0), ["1.5", "2"]), ((True, False), ["false", "true"])]
+)
+def test_instrument_names_of_any_type(tmp_path, data_cfg, names, groups):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["symbol"] = np.where(cols["symbol"] == "AAA", *names)
+    cfg = with_(data_cfg, path=str(write_table(tmp_path / "names.parquet", cols)))
+    windows = len(setup(data_cfg).datasets["train"])
+    for lazy in (False, True):  # lazy: one row group of both, sorted out by instrument
+        dm = setup(with_(cfg, lazy=lazy, cache_dir=str(tmp_path / "cache")))
+        assert dm.schema.groups == groups
+        assert len(dm.datasets["train"]) == windows  # no rows lost
+    assert [s.name for s in load_table(pq.read_table(cfg.path), cfg).series] == groups
+
+
+# ---- integer times: data.time_unit ----
+
+UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def ohlcv(cfg, path):
+    return with_(
+        cfg,
+        path=str(path),
+        target=None,
+        features="ohlcv",
+        known_features=[],
+        encoder_length=32,
+        prediction_length=4,
+        cache_dir=str(Path(path).parent / "cache"),
+    )
+
+
+def integer_times(es_sample: Path, path: Path, unit: str) -> Path:
+    table = pq.read_table(es_sample)
+    ns = table["timestamp"].cast(pa.int64()).to_numpy()
+    times = pa.array(ns // UNIT_NS[unit])  # int64 in `unit` since 1970
+    pq.write_table(table.set_column(0, "timestamp", times), path)
+    return path
+
+
+@pytest.mark.parametrize("unit", list(UNIT_NS))
+def test_integer_times_need_their_unit(tmp_path, es_sample, data_cfg, unit):
+    path = integer_times(es_sample, tmp_path / "int.parquet", unit)
+    cfg = ohlcv(data_cfg, path)
+    with pytest.raises(DataError) as err:
+        setup(cfg)
+    assert str(err.value) == (
+        "time column 'timestamp' holds integers (int64) of no stated unit: values like "
+        f"{pq.read_table(path)['timestamp'][0]} look like {UNIT_NAMES[unit]}; "
+        f"set data.time_unit={unit} (one of s, ms, us, ns)"
+    )
+    # in that unit: the same calendar features as the file's timestamps give
+    want = setup(ohlcv(data_cfg, es_sample)).datasets["train"].inputs
+    for lazy in (False, True):
+        got = setup(with_(cfg, time_unit=unit, lazy=lazy)).datasets["train"].inputs
+        assert torch.equal(got, want), f"lazy={lazy}"
+
+
+def test_predict_reads_integer_times_by_the_unit_too(tmp_path, es_sample, data_cfg):
+    table = pq.read_table(integer_times(es_sample, tmp_path / "int.parquet", "s"))
+    cfg = ohlcv(data_cfg, tmp_path / "int.parquet")
+    with pytest.raises(DataError, match="holds integers .* look like seconds"):
+        load_table(table, cfg)
+    got = load_table(table, with_(cfg, time_unit="s")).series
+    want = load_table(pq.read_table(es_sample), cfg).series
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a.time_ns, b.time_ns) and np.array_equal(a.known, b.known)
+
+
+def test_time_unit_is_checked_at_composition():
+    with pytest.raises(ConfigError, match="data.time_unit must be s, ms, us, ns or null, got 'm'"):
+        validate(compose_train("data.time_unit=m"))
+
+
+def test_times_beyond_the_nanosecond_range(tmp_path, data_cfg):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    seconds = cols["timestamp"] // 10**9 + 40 * 365 * 86_400 * 10**3  # some 40,000 years on
+    table = pa.table({**cols, "timestamp": pa.array(seconds).cast(pa.timestamp("s"))})
+    pq.write_table(table, tmp_path / "far.parquet")
+    with pytest.raises(DataError, match="^time column 'timestamp' has values out of range"):
+        setup(with_(data_cfg, path=str(tmp_path / "far.parquet")))
+
+
+# ---- values that would overflow float32 ----
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_value_beyond_float32_is_named(tmp_path, data_cfg, lazy):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["f2"][300 + 7] = 1e300  # BBB's row 7
+    cfg = with_(data_cfg, path=str(write_table(tmp_path / "huge.parquet", cols)), lazy=lazy)
+    with pytest.raises(DataError) as err:
+        setup(with_(cfg, cache_dir=str(tmp_path / "cache")))
+    assert re.fullmatch(
+        r"column 'f2' of instrument BBB holds 1e\+300 at its row 7( in .*huge.parquet)?, "
+        r"beyond float32's range of \+-3.4e\+38: rescale the column",
+        str(err.value),
+    )
+
+
+def test_a_huge_close_is_named_before_features_are_derived(tmp_path, es_sample, data_cfg):
+    table = pq.read_table(es_sample)
+    close = table["close"].to_numpy().copy()
+    close[1000] = 1e300
+    pq.write_table(table.set_column(5, "close", pa.array(close)), tmp_path / "es.parquet")
+    with pytest.raises(DataError, match=r"^column 'close' of instrument ESH6 holds 1e\+300 at"):
+        setup(ohlcv(data_cfg, tmp_path / "es.parquet"))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_value_overflowing_once_normalized_is_named(tmp_path, data_cfg, lazy):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["f1"] *= 1e-11  # a tiny std in the training rows (AAA's are 0-180) ...
+    cols["f1"][290] = 1e30  # ... and, in the test rows, a value that fits float32 raw
+    cfg = with_(data_cfg, path=str(write_table(tmp_path / "far.parquet", cols)), lazy=lazy)
+    with pytest.raises(DataError, match=r"^column 'f1' of instrument AAA is beyond float32's "):
+        setup(with_(cfg, cache_dir=str(tmp_path / "cache")))
+
+
+def test_non_finite_statistics_of_a_checkpoint_are_named(data_cfg):
+    trained = setup(data_cfg).schema
+    trained.input_std[2] = float("inf")  # what a run on a column holding 1e300 saved
+    with pytest.raises(DataError, match=r"statistics of column 'f2' are not finite \(mean"):
+        ParquetDataModule(data_cfg, schema=trained).setup()
+
+
+# ---- data.features=all names what it leaves out ----
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_features_all_names_the_columns_it_skips(tmp_path, data_cfg, caplog, lazy):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    table = pa.table(
+        {
+            **cols,
+            "timestamp": pa.array(cols["timestamp"], pa.timestamp("ns", tz="UTC")),
+            "note": pa.array(cols["f1"].astype(str)),  # numbers stored as text
+            "flag": pa.array(cols["timestamp"], pa.timestamp("ns")),
+        }
+    )
+    pq.write_table(table, tmp_path / "mixed.parquet")
+    cfg = with_(data_cfg, path=str(tmp_path / "mixed.parquet"), features="all", known_features=[])
+    cfg = with_(cfg, lazy=lazy, cache_dir=str(tmp_path / "cache"))
+    for _ in range(2):  # lazy: built, then reused
+        with caplog.at_level(logging.WARNING, logger="foxhunt.data.datamodule"):
+            dm = setup(cfg)
+        assert dm.schema.skipped == {"note": "string", "flag": "timestamp"}
+        assert dm.schema.observed == ["f1", "f2", "k1"]
+        assert "skipped by data.features=all: note (string), flag (timestamp)" in caplog.text
+        caplog.clear()
+    assert (
+        "- Not numeric, so left out by `data.features=all`: `note` (string), `flag` (timestamp)"
+        in _data_section(dm)
+    )
+    assert setup(with_(cfg, features=["f1"])).schema.skipped == {}

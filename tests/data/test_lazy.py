@@ -271,3 +271,42 @@ def test_hydra_override(tmp_path, data_cfg, cols, value, lazy_path):
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         composed = compose("train", overrides=["data=parquet", f"data.lazy={value}"])
     assert store_module.wants_lazy(with_(data_cfg, lazy=composed.data.lazy)) is lazy_path
+
+
+def test_time_unit_is_in_the_cache_key(data_cfg):
+    # it changes the rows (the calendar features), unlike batch_size
+    keys = {store_module.cache_key(with_(data_cfg, time_unit=u), None) for u in ("s", "ms")}
+    assert len(keys) == 2
+
+
+def test_files_of_different_types_read_as_one_file(tmp_path, data_cfg):
+    """A directory is read file by file in each file's own types, in memory as in the store:
+    a scan of the whole directory would cast every file to the first one's types."""
+    cols = make_table(LENGTHS)
+    cols["f2"] = np.round(cols["f2"]).astype(np.int64)  # integers in the first file ...
+
+    def halves(part):  # ... and halves in the second
+        return {**part, "f2": part["f2"] + 0.5}
+
+    folder = per_month(tmp_path / "parts", cols, spoil=halves)
+    t = cols["timestamp"]
+    middle = np.array_split(np.unique(t), 3)[1]  # the second file's times
+    in_middle = (t >= middle[0]) & (t <= middle[-1])
+    same = {**cols, "f2": np.where(in_middle, cols["f2"] + 0.5, cols["f2"])}
+    one = setup(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", same)), lazy=False))
+    assert_same(one, setup(with_(data_cfg, path=str(folder), lazy=False)))
+    assert_same(one, setup(lazy(data_cfg, folder, tmp_path)))
+
+
+def test_empty_files_add_nothing(tmp_path, data_cfg, cols, eager):
+    folder = hive(tmp_path / "hive", cols)
+    (folder / "symbol=DDD").mkdir()  # an instrument's file with no rows
+    nothing = rows_of(cols, np.zeros(len(cols["y"]), bool))
+    part = {k: v for k, v in nothing.items() if k != "symbol"}  # the directory names it
+    write_table(folder / "symbol=DDD" / "part-0.parquet", part)
+    assert_same(eager, setup(lazy(data_cfg, folder, tmp_path)))
+    assert_same(eager, setup(with_(data_cfg, path=str(folder), lazy=False)))
+    empty = write_table(tmp_path / "empty.parquet", nothing)
+    for cfg in (lazy(data_cfg, empty, tmp_path), with_(data_cfg, path=str(empty), lazy=False)):
+        with pytest.raises(DataError, match="empty.parquet has no rows$"):
+            setup(with_(cfg, group_column=None))

@@ -9,7 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from foxhunt.data.sample import ES_TICK, es_sample_table, make_es_sample
+from foxhunt.data import datamodule as datamodule_module
+from foxhunt.data import sample as sample_module
+from foxhunt.data.datamodule import ParquetDataModule, describe, ensure_sample
+from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
+from foxhunt.errors import DataError
+from tests.conftest import with_
+from tests.test_config import compose_train
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +174,46 @@ def test_argument_checks():
         es_sample_table(bar_minutes=7)
     one_min = es_sample_table(days=2, bar_minutes=1)
     assert one_min.num_rows == 2 * 23 * 60
+
+
+# ---- where the sample may appear, and how ----
+
+
+def test_a_killed_generation_leaves_no_half_file(tmp_path, monkeypatch):
+    write_table = sample_module.pq.write_table
+
+    def killed_midway(table, where, **options):
+        write_table(table.slice(0, 10), where)  # a first part written ...
+        raise KeyboardInterrupt  # ... and then a Ctrl-C (or any death)
+
+    monkeypatch.setattr(sample_module.pq, "write_table", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        make_es_sample(tmp_path / "ES_FUT_small.parquet", days=1)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temp file
+
+
+def test_generated_only_at_its_own_path(tmp_path, monkeypatch, data_cfg):
+    monkeypatch.chdir(tmp_path)
+    made = []
+    monkeypatch.setattr(datamodule_module, "make_es_sample", lambda p: made.append(str(p)))
+    for same in (SAMPLE_PATH, tmp_path / SAMPLE_PATH, "data/../data/ES_FUT_small.parquet"):
+        ensure_sample(same)
+    assert made == [SAMPLE_PATH, str(tmp_path / SAMPLE_PATH), "data/../data/ES_FUT_small.parquet"]
+    made.clear()
+    for other in ("ES_FUT_small.parquet", "data/ES_FUT_small.parquet.bak", tmp_path / "nope"):
+        ensure_sample(other)
+    assert made == []
+
+
+def test_a_mistyped_path_is_not_found_not_generated(tmp_path, monkeypatch, data_cfg):
+    monkeypatch.chdir(tmp_path)
+    cfg = with_(data_cfg, path=str(tmp_path / "nope.parquet"), generate_if_missing=True)
+    with pytest.raises(DataError, match=r"^data file not found: .*/nope.parquet$"):
+        ParquetDataModule(cfg).setup()
+    with pytest.raises(DataError, match=r"^data file not found: .*/nope.parquet$"):
+        describe(cfg)  # what the memory estimator reads first
+    assert [p.name for p in tmp_path.iterdir()] == ["bars.parquet"]  # data_cfg's own file
+
+
+def test_the_default_config_points_at_the_sample():
+    assert compose_train().data.path == SAMPLE_PATH

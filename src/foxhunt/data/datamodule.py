@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,11 @@ from foxhunt.data.loading import (
     load,
     open_dataset,
 )
+from foxhunt.data.sample import SAMPLE_PATH, make_es_sample
 from foxhunt.data.store import (
     SPLITS,
+    as_float32,
+    check_normalized,
     mean_std,
     normalized_statics,
     open_store,
@@ -53,6 +56,8 @@ class DataSchema:
     input_std: list[float] = field(default_factory=list)
     static_mean: list[float] = field(default_factory=list)
     static_std: list[float] = field(default_factory=list)
+    # the columns data.features=all left out, with their type (the run report lists them)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def encoder_columns(self) -> list[str]:
@@ -160,12 +165,17 @@ class WindowDataset(Dataset):
 
 
 def window_tensors(
-    rows: np.ndarray, schema: DataSchema
+    rows: np.ndarray,
+    schema: DataSchema,
+    instrument_of: Callable[[int], str | None] = lambda row: None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float64 encoder rows [rows, 1 + observed + known] normalized with the schema's statistics:
-    the float32 inputs, target (column 0) and known (trailing columns) that WindowDataset takes."""
-    normalized = (rows - np.asarray(schema.input_mean)) / np.asarray(schema.input_std)
-    inputs = torch.from_numpy(normalized.astype(np.float32))
+    the float32 inputs, target (column 0) and known (trailing columns) that WindowDataset takes.
+    A DataError names the column (and `instrument_of(row)`) where one is not finite."""
+    mean, std = schema.input_mean, schema.input_std
+    normalized = as_float32((rows - np.asarray(mean)) / np.asarray(std))
+    check_normalized(normalized, schema.encoder_columns, mean, std, instrument_of)
+    inputs = torch.from_numpy(normalized)
     known = inputs[:, inputs.shape[1] - len(schema.known) :].contiguous()
     return inputs, inputs[:, 0].contiguous(), known
 
@@ -244,12 +254,12 @@ def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def ensure_sample(path: str | Path) -> None:
-    """Generate the bundled synthetic ES sample at `path` if it is not there yet."""
+    """Generate the bundled synthetic ES sample if `path` is its own location and it is not
+    there yet. Any other missing path stays missing, for `open_dataset` to name: a mistyped
+    data.path must never train on synthetic data."""
     p = Path(path)
-    if p.exists():
+    if p.exists() or p.resolve() != Path(SAMPLE_PATH).resolve():
         return
-    from foxhunt.data.sample import make_es_sample
-
     log.info("generating the bundled sample at %s", p)
     make_es_sample(p)
 
@@ -270,6 +280,7 @@ def describe(cfg: Any) -> DataSchema:
         target_kind=plan.target_kind,
         encoder_length=cfg.encoder_length,
         prediction_length=cfg.prediction_length,
+        skipped=plan.skipped,
     )
 
 
@@ -322,10 +333,11 @@ class ParquetDataModule(L.LightningDataModule):
             target_kind=loaded.target_kind,
             encoder_length=cfg.encoder_length,
             prediction_length=cfg.prediction_length,
+            skipped=loaded.skipped,
         )
         if self.fixed_schema is not None:
             self.fixed_schema.check_matches(schema)
-            schema = dataclasses.replace(self.fixed_schema)
+            schema = dataclasses.replace(self.fixed_schema, skipped=loaded.skipped)
         else:
             mean, std = mean_std(inputs[train_rows])
             if loaded.target_kind == "return":
@@ -334,7 +346,10 @@ class ParquetDataModule(L.LightningDataModule):
             smean, sstd = mean_std(statics)
             schema.static_mean, schema.static_std = smean.tolist(), sstd.tolist()
 
-        inputs_t, target_t, known_t = window_tensors(inputs, schema)
+        def instrument_of(row: int) -> str:
+            return series[int(np.searchsorted(offsets, row, side="right")) - 1].name
+
+        inputs_t, target_t, known_t = window_tensors(inputs, schema, instrument_of)
         group_of_series, static_by_group = normalized_statics(
             schema.to_dict(), [s.name for s in series], [s.static for s in series]
         )
@@ -355,7 +370,7 @@ class ParquetDataModule(L.LightningDataModule):
             if self.fixed_schema is None:
                 return found
             self.fixed_schema.check_matches(DataSchema.from_dict(found))
-            return self.fixed_schema.to_dict()
+            return self.fixed_schema.to_dict() | {"skipped": found["skipped"]}
 
         fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
         store = open_store(self.cfg, fixed, resolve)
@@ -400,6 +415,11 @@ class ParquetDataModule(L.LightningDataModule):
                 bool(cfg.group_column),
             )
         self.schema = schema
+        if schema.skipped:
+            log.warning(
+                "data: skipped by data.features=all: %s",
+                ", ".join(f"{c} ({why})" for c, why in schema.skipped.items()),
+            )
         log.info(
             "data: %d instruments, %d rows, %d features; windows train/val/test = %d/%d/%d",
             instruments,

@@ -18,10 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from foxhunt.data.features import OhlcvSpec, derive_features, feature_names, ohlcv_spec
-from foxhunt.errors import DataError
+from foxhunt.errors import ConfigError, DataError
 
 OHLCV_TARGET = "log_return"
 _OHLCV_FIELDS = ("open", "high", "low", "close", "volume")
+TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+# every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Loaded:
     target: str
     target_kind: str
     series: Iterable[Series]  # a list from `load`, an iterator from `stream`
+    skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
 
 
 def _one_line(exc: Exception) -> str:
@@ -70,6 +74,24 @@ def open_dataset(path: str | Path) -> pads.Dataset:
 
 def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _type_name(t: pa.DataType) -> str:
+    """The type without its parameters: timestamp[ns, tz=UTC] -> timestamp."""
+    return str(t).split("[")[0].split("<")[0].split("(")[0]
+
+
+def skipped_columns(schema: pa.Schema, cfg: Any) -> dict[str, str]:
+    """The columns data.features=all leaves out for not being numeric, with their type."""
+    if cfg.features != "all":
+        return {}
+    roles = {cfg.time_column, cfg.group_column, cfg.target, *cfg.known_features}
+    roles |= set(cfg.static_features)
+    return {
+        f.name: _type_name(f.type)
+        for f in schema
+        if f.name not in roles and not _is_numeric(f.type)
+    }
 
 
 def resolve_columns(
@@ -112,20 +134,68 @@ def _as_float(table: pa.Table, column: str) -> np.ndarray:
     col = table.column(column)
     if not (_is_numeric(col.type)):
         raise DataError(f"column '{column}' is {col.type}, expected a numeric column")
-    return pc.cast(col, pa.float64()).to_numpy()
+    # unsafe: an integer beyond 2**53 rounds to the nearest float64 instead of failing
+    return pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
 
 
-def _time_ns(table: pa.Table, column: str) -> np.ndarray:
+def _time_ns(table: pa.Table, cfg: Any) -> np.ndarray:
+    """The time column as int64 nanoseconds since 1970: a timestamp or date column by its own
+    unit, an integer column by data.time_unit (required: nothing in the file says it)."""
+    column = cfg.time_column
     col = table.column(column)
-    if pa.types.is_timestamp(col.type):
-        col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
-    elif pa.types.is_date(col.type):
-        col = pc.cast(pc.cast(col, pa.timestamp("ns")), pa.timestamp("ns"))
-    elif not pa.types.is_integer(col.type):
-        raise DataError(f"time column '{column}' is {col.type}, expected a timestamp or integer")
     if col.null_count:
         raise DataError(f"time column '{column}' has {col.null_count} null values")
+    try:
+        if pa.types.is_integer(col.type):
+            col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(_time_unit(cfg, col)))
+        elif pa.types.is_date(col.type):
+            col = pc.cast(col, pa.timestamp("ms"))
+        elif not pa.types.is_timestamp(col.type):
+            raise DataError(
+                f"time column '{column}' is {col.type}, expected a timestamp or integer"
+            )
+        col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise DataError(
+            f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
+            f"years 1677-2262): {_one_line(exc)}"
+        ) from None
     return pc.cast(col, pa.int64()).to_numpy()
+
+
+def _time_unit(cfg: Any, col: pa.ChunkedArray) -> str:
+    unit = cfg.time_unit
+    if unit is None:
+        guess = _unit_like(col)
+        like = f": values like {col[0].as_py()} look like {TIME_UNITS[guess]}" if len(col) else ""
+        raise DataError(
+            f"time column '{cfg.time_column}' holds integers ({col.type}) of no stated unit"
+            f"{like}; set data.time_unit={guess} (one of s, ms, us, ns)"
+        )
+    if unit not in TIME_UNITS:
+        raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {unit!r}")
+    return unit
+
+
+def _unit_like(col: pa.ChunkedArray) -> str:
+    """The unit integer times of this magnitude are most likely in: a date of this century
+    has 10 digits in seconds, 13 in milliseconds, 16 in microseconds, 19 in nanoseconds."""
+    if len(col) == 0:
+        return "s"
+    typical = np.median(np.abs(pc.cast(col, pa.float64(), safe=False).to_numpy()))
+    digits = np.log10(max(typical, 1.0))
+    return "s" if digits < 10.5 else "ms" if digits < 13.5 else "us" if digits < 16.5 else "ns"
+
+
+def _as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
+    """Instrument names as text, the one way every reader (and the report) spells them."""
+    try:
+        return pc.cast(col, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise DataError(
+            f"group column '{column}' is {col.type}, which cannot name instruments: use text "
+            "or integers"
+        ) from None
 
 
 def _group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[str]]:
@@ -134,8 +204,8 @@ def _group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[
     col = table.column(column)
     if col.null_count:
         raise DataError(f"group column '{column}' has {col.null_count} null values")
-    names = sorted(str(v) for v in pc.unique(col).to_pylist())
-    as_text = pc.cast(col, pa.string())
+    as_text = _as_text(col, column)
+    names = sorted(pc.unique(as_text).to_pylist())
     codes = pc.index_in(as_text, value_set=pa.array(names, pa.string())).to_numpy()
     return codes.astype(np.int64), names
 
@@ -201,12 +271,13 @@ def resolve_target_kind(cfg: Any) -> str:
 
 
 def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
-    """The instrument vocabulary, reading only the group column, a batch at a time."""
+    """The instrument vocabulary, reading only the group column, a file at a time."""
     if column is None:
         return []
     seen: set[str] = set()
-    for batch in dataset.to_batches(columns=[column]):
-        seen.update(str(v) for v in pc.unique(batch.column(0)).to_pylist())
+    for fragment in dataset.get_fragments():
+        names = _read_file(dataset, fragment, [column]).column(0)
+        seen.update(pc.unique(_as_text(names, column)).to_pylist())
     return sorted(seen)
 
 
@@ -272,9 +343,18 @@ class _Plan:
     target_kind: str
     values: list[str]  # the numeric columns read
     spec: OhlcvSpec | None
+    skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
 
     def loaded(self, series: Iterable[Series]) -> Loaded:
-        return Loaded(self.observed, self.known, self.static, self.target, self.target_kind, series)
+        return Loaded(
+            self.observed,
+            self.known,
+            self.static,
+            self.target,
+            self.target_kind,
+            series,
+            self.skipped,
+        )
 
 
 def column_plan(dataset: pads.Dataset, cfg: Any) -> _Plan:
@@ -291,6 +371,7 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> _Plan:
         target_kind=resolve_target_kind(cfg),
         values=values,
         spec=_ohlcv_spec(cfg),
+        skipped=skipped_columns(dataset.schema, cfg),
     )
 
 
@@ -300,10 +381,18 @@ def _series(
     t: np.ndarray,
     values: dict[str, np.ndarray],
     locate: Callable[[int], str] = _nowhere,
-) -> Series | None:
-    """Check one instrument's rows and derive its features; None when no row is left.
+) -> Series:
+    """Check one instrument's rows and derive its features.
     `locate(row)` names the file of a row (" in <path>"), or is empty."""
     cfg = plan.cfg
+    for c, v in values.items():
+        beyond = np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)
+        if beyond.any():
+            i = int(np.argmax(beyond))
+            raise DataError(
+                f"column '{c}' of instrument {name} holds {v[i]:.3g} at its row {i}{locate(i)}, "
+                f"beyond float32's range of +-{FLOAT32_MAX:.3g}: rescale the column"
+            )
     steps = np.diff(t)
     if (steps <= 0).any():
         i = int(np.argmax(steps <= 0)) + 1
@@ -314,8 +403,9 @@ def _series(
         )
     cols, keep = _handle_non_finite(values, cfg.nan_policy, name, locate)
     t = t[keep]
-    if len(t) == 0:
-        return None
+    if len(t) == 0:  # as short as can be: an error, as a short one is, not left out unsaid
+        policy = cfg.nan_policy
+        raise DataError(f"instrument {name} has no rows left after data.nan_policy={policy}")
     if plan.spec is not None:
         o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in _OHLCV_FIELDS)
         try:
@@ -338,6 +428,7 @@ def _series(
     for label, block, names in (
         ("feature", obs, plan.observed),
         ("known feature", kn, plan.known),
+        ("target", y[:, None], [plan.target]),
     ):
         finite = np.isfinite(block).all(axis=0)
         if not finite.all():
@@ -352,11 +443,34 @@ def load(cfg: Any) -> Loaded:
     plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
     projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
+    # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
+    # the dataset would cast every file to the first one's types (a float to its int8, say)
+    tables = [
+        _common_types(plan, _read_file(dataset, fragment, projection))
+        for fragment in dataset.get_fragments()
+    ]
+    return _from_table(plan, pa.concat_tables(tables))
+
+
+def _read_file(dataset: pads.Dataset, fragment: pads.Fragment, columns: list[str]) -> pa.Table:
+    """`columns` of one file in the types it has, hive partition keys included."""
     try:
-        table = dataset.to_table(columns=projection)
+        schema = fragment.physical_schema
+        partition = [f for f in dataset.schema if f.name not in schema.names]
+        return fragment.to_table(schema=pa.schema([*schema, *partition]), columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read {cfg.path}: {_one_line(exc)}") from None
-    return _from_table(plan, table)
+        raise DataError(f"cannot read {fragment.path}: {_one_line(exc)}") from None
+
+
+def _common_types(plan: _Plan, table: pa.Table) -> pa.Table:
+    """The columns to read in the types every file is converted to: times in nanoseconds,
+    instrument names as text, values in float64."""
+    cfg = plan.cfg
+    columns = {cfg.time_column: pa.array(_time_ns(table, cfg), pa.timestamp("ns"))}
+    if cfg.group_column:
+        columns[cfg.group_column] = _as_text(table.column(cfg.group_column), cfg.group_column)
+    columns |= {c: pa.array(_as_float(table, c)) for c in plan.values}
+    return pa.table(columns)
 
 
 def load_table(table: pa.Table, cfg: Any) -> Loaded:
@@ -369,7 +483,7 @@ def _from_table(plan: _Plan, table: pa.Table) -> Loaded:
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")
 
-    time_ns = _time_ns(table, cfg.time_column)
+    time_ns = _time_ns(table, cfg)
     codes, names = _group_codes(table, cfg.group_column)
     values = {c: _as_float(table, c) for c in plan.values}
     order = np.argsort(codes, kind="stable")
@@ -377,9 +491,7 @@ def _from_table(plan: _Plan, table: pa.Table) -> Loaded:
     series = []
     for g, name in enumerate(names):
         rows = order[bounds[g] : bounds[g + 1]]
-        s = _series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
-        if s is not None:
-            series.append(s)
+        series.append(_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()}))
     return plan.loaded(series)
 
 
@@ -413,7 +525,7 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     if not future.any():
         return table, {}
     after = table.filter(pa.array(future))
-    t = _time_ns(after, cfg.time_column)
+    t = _time_ns(after, cfg)
     known = {k: _as_float(after, k) for k in cfg.known_features if k in after.column_names}
     after_codes = codes[future]
     by_name = {}
@@ -460,6 +572,8 @@ def _layout(dataset: pads.Dataset, group: str | None) -> _Layout:
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(f"cannot read {fragment.path} as Parquet: {_one_line(exc)}") from None
         for piece in row_groups:
+            if piece.row_groups[0].num_rows == 0:  # an empty file: no instrument's rows
+                continue
             if group is None:
                 names = {"series"}
             elif group in partition:
@@ -482,7 +596,7 @@ def _names_in(piece: pads.Fragment, group: str) -> set[str]:
             raise DataError(
                 f"group column '{group}' has {col.null_count} null values in {piece.path}"
             )
-        names.update(str(v) for v in pc.unique(col).to_pylist())
+        names.update(pc.unique(_as_text(col, group)).to_pylist())
     return names
 
 
@@ -509,7 +623,7 @@ class _Spill:
         self.folder.mkdir(parents=True, exist_ok=True)
         for batch in _batches(piece, [cfg.time_column, cfg.group_column, *self.plan.values]):
             table = pa.Table.from_batches([batch])
-            t = _time_ns(table, cfg.time_column)
+            t = _time_ns(table, cfg)
             codes, names = _group_codes(table, cfg.group_column)
             values = np.column_stack([_as_float(table, c) for c in self.plan.values])
             order = np.argsort(codes, kind="stable")
@@ -555,7 +669,7 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _read_series(plan: _Plan, name: str, layout: _Layout, spill: _Spill) -> Series | None:
+def _read_series(plan: _Plan, name: str, layout: _Layout, spill: _Spill) -> Series:
     cfg = plan.cfg
     shared = set(layout.shared)
     times: list[np.ndarray] = []
@@ -569,7 +683,7 @@ def _read_series(plan: _Plan, name: str, layout: _Layout, spill: _Spill) -> Seri
                 table = piece.to_table(columns=[cfg.time_column, *plan.values])
             except (pa.ArrowInvalid, OSError) as exc:
                 raise DataError(f"cannot read {piece.path}: {_one_line(exc)}") from None
-            t = _time_ns(table, cfg.time_column)
+            t = _time_ns(table, cfg)
             cols = {c: _as_float(table, c) for c in plan.values}
         times.append(t)
         columns.append(cols)
@@ -600,9 +714,7 @@ def stream(cfg: Any, scratch: Path) -> Loaded:
         for i in layout.shared:
             spill.write(i, layout.pieces[i])
         for name in layout.parts:
-            s = _read_series(plan, name, layout, spill)
-            if s is not None:
-                yield s
+            yield _read_series(plan, name, layout, spill)
 
     return plan.loaded(series())
 

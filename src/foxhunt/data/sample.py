@@ -43,7 +43,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["ES_TICK", "SCHEMA", "make_es_sample", "es_sample_table"]
+from foxhunt.files import write_atomic
+
+__all__ = ["ES_TICK", "SAMPLE_PATH", "SCHEMA", "make_es_sample", "es_sample_table"]
+
+SAMPLE_PATH = "data/ES_FUT_small.parquet"
+"""Where the bundled sample lives (relative to the working directory, as conf/data/es_fut_small.yaml
+says): the one path data.generate_if_missing may generate it at."""
 
 ES_TICK = 0.25
 """Minimum price increment of the E-mini S&P 500 future, in index points."""
@@ -358,10 +364,11 @@ def make_es_sample(
     ``"ESH6"``), ``open``/``high``/``low``/``close`` (float64 on the 0.25 tick grid) and
     ``volume`` (int64 > 0). ``days`` business days of ``bar_minutes`` bars (which must divide
     the 23-hour session) starting at ``start`` (rolled forward to a business day); the same
-    arguments always give the same data. Parent directories are created.
+    arguments always give the same data. Parent directories are created, and the file appears
+    whole or not at all (a generation killed midway leaves no half file to be read).
     """
     table = es_sample_table(days=days, bar_minutes=bar_minutes, seed=seed, start=start)
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out, compression="zstd")
+    write_atomic(out, lambda f: pq.write_table(table, f, compression="zstd"))
     return out

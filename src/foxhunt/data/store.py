@@ -104,9 +104,48 @@ def normalized_statics(
     vocab = {g: i for i, g in enumerate(schema["groups"])}
     group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
     static = np.zeros((max(len(schema["groups"]), 1), len(schema["static"])))
+    mean, std = schema["static_mean"], schema["static_std"]
     for g, st in zip(group_of_series, statics, strict=True):
-        static[g] = (st - schema["static_mean"]) / np.asarray(schema["static_std"])
+        static[g] = (st - mean) / np.asarray(std)
+    groups = schema["groups"] or [None]
+    check_normalized(as_float32(static), schema["static"], mean, std, lambda g: groups[g])
     return group_of_series, static
+
+
+def as_float32(x: np.ndarray) -> np.ndarray:
+    """`x` in float32, where a value beyond its range becomes inf (`check_normalized` names it)."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32)
+
+
+def check_normalized(
+    normalized: np.ndarray,
+    columns: list[str],
+    mean: list[float],
+    std: list[float],
+    instrument_of: Callable[[int], str | None],
+) -> None:
+    """A DataError naming the column (and the instrument of `instrument_of(row)`) where the
+    normalization statistics are not finite or the float32 normalized values [rows, columns]
+    overflowed to inf: checked once when the data is set up, so that no batch carries one.
+    (NaN is not looked for: the rows read are finite, and predict's rows after the data are
+    NaN where nothing reads them.)"""
+    for c, m, s in zip(columns, mean, std, strict=True):
+        if not (np.isfinite(m) and np.isfinite(s)):
+            raise DataError(
+                f"the normalization statistics of column '{c}' are not finite (mean {m:.3g}, "
+                f"std {s:.3g}): their values must fit in float32"
+            )
+    overflow = np.isinf(normalized)
+    if not overflow.any():
+        return
+    row, col = (int(i) for i in np.argwhere(overflow)[0])
+    instrument = instrument_of(row)
+    raise DataError(
+        f"column '{columns[col]}'{f' of instrument {instrument}' if instrument else ''} is "
+        f"beyond float32's range after normalization with mean {mean[col]:.3g} and std "
+        f"{std[col]:.3g}: a value far outside the range of the training rows"
+    )
 
 
 class Moments:
@@ -334,8 +373,6 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
             names.append(s.name)
             statics.append(s.static)
     shutil.rmtree(folder / "spill", ignore_errors=True)
-    if not names:
-        raise DataError(f"{cfg.path} has no rows left after data.nan_policy={cfg.nan_policy}")
 
     mean, std = moments.mean_std()
     if loaded.target_kind == "return":
@@ -355,13 +392,14 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
             "input_std": std.tolist(),
             "static_mean": static_mean.tolist(),
             "static_std": static_std.tolist(),
+            "skipped": loaded.skipped,
         }
     )
     group_of_series, static = normalized_statics(schema, names, statics)
     np.save(folder / "static.npy", static.astype(np.float32))
 
     known = len(schema["known"])
-    _normalize(folder, scratch, ordinals, columns, known, schema, group_of_series)
+    _normalize(folder, scratch, ordinals, known, schema, names, group_of_series)
     scratch.unlink()
     ordinals.unlink()
     meta = {
@@ -381,13 +419,15 @@ def _normalize(
     folder: Path,
     scratch: Path,
     ordinals: Path,
-    columns: int,
     known: int,
     schema: dict[str, Any],
+    names: list[str],
     group_of_series: np.ndarray,
 ) -> None:
     """Pass 2: float64 scratch rows to the float32 store, a chunk at a time, with plain reads
     and writes (a memmap would count every page it touched as resident)."""
+    encoder_columns = [schema["target"], *schema["observed"], *schema["known"]]
+    columns = len(encoder_columns)
     mean, std = np.asarray(schema["input_mean"]), np.asarray(schema["input_std"])
     chunk_rows = max(1, CHUNK_BYTES // (8 * columns))
     with (
@@ -405,9 +445,16 @@ def _normalize(
             rows = block.reshape(-1, columns)
             rows -= mean  # in place: the same float64 operations as the in-memory path
             rows /= std
-            normalized = rows.astype(np.float32)
+            normalized = as_float32(rows)
+            ordinal = np.fromfile(ordinal_f, np.int64, count=len(normalized))
+            check_normalized(
+                normalized,
+                encoder_columns,
+                schema["input_mean"],
+                schema["input_std"],
+                lambda row: names[ordinal[row]],  # noqa: B023 - called before the next chunk
+            )
             normalized.tofile(inputs_f)
             np.ascontiguousarray(normalized[:, 0]).tofile(target_f)
             np.ascontiguousarray(normalized[:, columns - known :]).tofile(known_f)
-            ordinal = np.fromfile(ordinal_f, np.int64, count=len(normalized))
             group_of_series[ordinal].tofile(group_f)
