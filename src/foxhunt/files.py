@@ -92,7 +92,8 @@ def check_writable(directory: str | Path) -> None:
         raise WriteError(f"cannot write in {directory}: {exc.strerror or exc}") from None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` is running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -110,7 +111,7 @@ def remove_stale_temps(*directories: str | Path) -> list[Path]:
             continue
         for p in Path(directory).iterdir():
             m = _TMP_NAME.match(p.name)
-            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            if m and int(m.group(1)) != os.getpid() and not alive(int(m.group(1))):
                 p.unlink(missing_ok=True)
                 removed.append(p)
     return removed

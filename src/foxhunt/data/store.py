@@ -49,6 +49,7 @@ from foxhunt.data.loading import (
     stream,
 )
 from foxhunt.errors import ConfigError, DataError
+from foxhunt.files import alive
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -323,7 +324,7 @@ def _evict_older(entry: Path) -> None:
             continue
         if ".tmp-" in other.name:
             pid = other.name.rsplit("-", 1)[1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 shutil.rmtree(other, ignore_errors=True)
             continue
         try:
@@ -332,16 +333,6 @@ def _evict_older(entry: Path) -> None:
             continue
         if same:
             shutil.rmtree(other, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
