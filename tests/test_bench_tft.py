@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_tft.py"
+from tests.helpers import ROOT
+
+SCRIPT = ROOT / "scripts" / "bench_tft.py"
 ARGS = ["--config", "S", "--skip-theirs", "--steps", "2", "--eval-batches", "2"]
 ARGS += ["--repeats", "1", "--warmup", "1"]
 

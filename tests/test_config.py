@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from foxhunt.config import register_configs, validate
+from foxhunt.config import validate
 from foxhunt.errors import ConfigError
-
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-def compose_train(*overrides: str):
-    register_configs()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+from tests.helpers import compose_train
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from foxhunt.config import register_configs
-from tests.test_config import CONF
-from tests.training.test_train import run_cli, tiny_overrides
+from tests.helpers import CONF, run_cli, tiny_overrides
 
 SEARCHED = {"model.hidden_dim", "model.num_heads", "model.dropout", "optim.lr"}
 

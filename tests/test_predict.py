@@ -27,11 +27,8 @@ from foxhunt.predict import _future_steps, build_windows
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
 from foxhunt.training.module import TFTModule, model_init
 from foxhunt.training.run import train
-from tests.conftest import FIVE_MIN, make_table, write_table
-from tests.test_config import compose_train
-from tests.training.test_train import tiny_overrides
+from tests.helpers import FIVE_MIN, ROOT, compose_train, make_table, tiny_overrides, write_table
 
-ROOT = Path(__file__).resolve().parents[1]
 E, H = 16, 4  # tiny_overrides' window
 TAIL = 30  # rows per instrument in the prediction file: 26 with a target, then H to forecast
 QUANTILES = ["q0.1", "q0.5", "q0.9"]

@@ -19,11 +19,7 @@ from foxhunt.interpret import PLOTS, variable_names
 from foxhunt.report import LEARNING_CURVES, learning_curves, report_run
 from foxhunt.training.module import TFTModule
 from foxhunt.training.run import train
-from tests.conftest import make_table, write_table
-from tests.test_config import compose_train
-from tests.training.test_train import tiny_overrides
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,7 @@ from filelock import FileLock
 from foxhunt.errors import ConfigError
 from foxhunt.rundir import LOCK_NAME
 from foxhunt.training.run import train
-from tests.conftest import read_only
-from tests.test_config import compose_train
-from tests.training.test_train import run_cli, tiny_overrides
+from tests.helpers import compose_train, read_only, run_cli, tiny_overrides
 
 
 def _files(directory: Path) -> dict[str, str]:

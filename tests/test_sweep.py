@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.test_train import tiny_overrides
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, tiny_overrides
 
 
 @pytest.mark.slow

@@ -17,8 +17,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.loading import load_table
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.report import _data_section
-from tests.conftest import make_table, with_, write_table
-from tests.test_config import compose_train
+from tests.helpers import compose_train, make_table, with_, write_table
 
 
 def setup(cfg) -> ParquetDataModule:

@@ -15,7 +15,7 @@ from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.store import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
-from tests.conftest import make_table, with_, write_table
+from tests.helpers import compose_train, make_table, with_, write_table
 
 LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
 
@@ -262,14 +262,7 @@ def test_errors_name_the_file(tmp_path, data_cfg, cols, spoil, message):
 
 @pytest.mark.parametrize("value, lazy_path", [("true", True), ("false", False), ("auto", False)])
 def test_hydra_override(tmp_path, data_cfg, cols, value, lazy_path):
-    from hydra import compose, initialize_config_dir
-
-    from foxhunt.config import register_configs
-
-    register_configs()
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        composed = compose("train", overrides=["data=parquet", f"data.lazy={value}"])
+    composed = compose_train("data=parquet", f"data.lazy={value}")
     assert store_module.wants_lazy(with_(data_cfg, lazy=composed.data.lazy)) is lazy_path
 
 

@@ -14,8 +14,7 @@ from foxhunt.data import sample as sample_module
 from foxhunt.data.datamodule import ParquetDataModule, describe, ensure_sample
 from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
 from foxhunt.errors import DataError
-from tests.conftest import with_
-from tests.test_config import compose_train
+from tests.helpers import compose_train, with_
 
 
 @pytest.fixture(scope="module")

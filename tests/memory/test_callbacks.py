@@ -14,11 +14,7 @@ from foxhunt.memory import estimate
 from foxhunt.memory.budget import LiveTensorBytes, live_tensors
 from foxhunt.memory.estimator import MB
 from foxhunt.training.run import train
-from tests.conftest import make_table, write_table
-from tests.test_config import compose_train
-from tests.training.test_train import tiny_overrides
-
-SMALL_MODEL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
+from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 
 
 def config(path: Path, *extra: str):

@@ -17,10 +17,7 @@ from foxhunt.memory import estimate, max_batch_size, measure, onednn_lstm_worksp
 from foxhunt.memory.estimator import MB, PART_NAMES, resolve_device
 from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
 from foxhunt.training.module import build_model
-from tests.test_config import compose_train
-from tests.training.test_train import run_cli
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import compose_train, run_cli
 
 
 def small(es_sample: Path, *overrides: str):

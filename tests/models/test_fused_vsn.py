@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from foxhunt.memory.budget import LiveTensorBytes
 from foxhunt.models import fused_vsn
 from foxhunt.models.blocks import VariableSelectionNetwork
 from foxhunt.models.fused_vsn import selected_grns
@@ -151,8 +152,68 @@ def test_forward_scalars_equals_embedding_path(n, dim, hidden, context):
             torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-8)
 
 
-def test_inference_saves_nothing_for_backward():
-    args = fused_inputs()
-    with torch.no_grad():
-        out = selected_grns(*args, dropout=0.0)
-    assert out.grad_fn is None
+# Norm-wise relative error against float32. bf16 keeps 8 significant bits, so each rounding is
+# off by up to 2**-8 (0.4%); through the selection weights and the folded fc1 that comes to at
+# most 0.6% in the outputs and 2% in the gradients here. The bounds leave 2-3x room, and a weight
+# 10% off in the fused path still shows (3-4% in the outputs, over 10% in some gradients).
+BF16_FORWARD_TOL, BF16_BACKWARD_TOL = 2e-2, 4e-2
+
+
+@pytest.mark.parametrize("n, dim, hidden, context", [(7, 4, 8, 8), (7, 8, 8, None)])
+def test_forward_scalars_under_bf16_autocast_stays_near_float32(n, dim, hidden, context):
+    """precision=bf16 trains under bfloat16 autocast (Lightning's bf16-mixed): the selection
+    weights and the folded fc1 come from bf16 matmuls, then the fused kernel runs in float32.
+    Forward and backward against the float32 embedding path."""
+    torch.manual_seed(0)
+    vsn = VariableSelectionNetwork(n, dim, hidden, 0.1, context).eval()
+    for p in vsn.parameters():  # move off the init values so every term matters
+        p.data += 0.1 * torch.randn_like(p)
+    w = torch.randn(n, dim, requires_grad=True)
+    b = torch.randn(n, dim, requires_grad=True)
+    x = torch.randn(8, 16, n, requires_grad=True)
+    ctx = torch.randn(8, 1, context) if context else None
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, fast_w = vsn.forward_scalars(x, (w, b), ctx)
+    slow, slow_w = vsn(x.unsqueeze(-1) * w + b, ctx)
+
+    def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+        got, want = got.detach().float(), want.detach()
+        return float((got - want).norm() / want.norm())
+
+    forward = {"output": rel_error(fast, slow), "weights": rel_error(fast_w, slow_w)}
+    assert max(forward.values()) < BF16_FORWARD_TOL, forward
+
+    # backward outside autocast, as Lightning runs it
+    names = ["x", "w", "b", *(name for name, _ in vsn.named_parameters())]
+    leaves = [x, w, b, *vsn.parameters()]
+    d_out = torch.randn_like(slow)
+    got = torch.autograd.grad((fast * d_out).sum() + fast_w.sum(), leaves)
+    want = torch.autograd.grad((slow * d_out).sum() + slow_w.sum(), leaves)
+    backward = {name: rel_error(a, b_) for name, a, b_ in zip(names, got, want, strict=True)}
+    assert max(backward.values()) < BF16_BACKWARD_TOL, backward
+
+
+# evaluation and interpretation run under no_grad, predict under inference_mode
+@pytest.mark.parametrize("inference", [torch.no_grad, torch.inference_mode])
+def test_inference_keeps_no_activations_for_backward(monkeypatch, inference):
+    """With grad off, inputs that require grad (the parameters) must not make the fused path
+    allocate f and g for all variables, the activations training keeps for backward. Counting
+    saved tensors would not see it: with grad off autograd never packs them."""
+    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", 1)  # one variable a chunk
+    n, dh, h, rows = 32, 16, 16, 64
+    args = fused_inputs(n=n, dh=dh, h=h, rows=rows)
+    # training keeps f [rows, dh] and g [rows, 2h] of every variable; inference needs one
+    # chunk's at a time
+    chunk_bytes = rows * (dh + 2 * h) * torch.float64.itemsize
+    kept_bytes = n * chunk_bytes
+
+    def peak_bytes(mode) -> tuple[torch.Tensor, int]:
+        with mode(), LiveTensorBytes() as counter:
+            out = selected_grns(*args, dropout=0.0)
+        return out, counter.peak
+
+    train_out, train_peak = peak_bytes(torch.enable_grad)
+    out, inference_peak = peak_bytes(inference)
+    assert train_out.grad_fn is not None and out.grad_fn is None
+    assert inference_peak <= train_peak - kept_bytes + chunk_bytes, (inference_peak, train_peak)

@@ -8,6 +8,7 @@ import torch
 from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.models.blocks import VariableSelectionNetwork
+from tests.helpers import make_batch
 from tests.models.reference_tft import (
     RefVariableSelectionNetwork,
     load_from_grouped,
@@ -25,30 +26,6 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def make_batch(
-    model: TemporalFusionTransformer,
-    batch: int = 4,
-    enc_len: int = 12,
-    cardinalities: tuple[int, ...] = (),
-    seed: int = 0,
-) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    n_enc = model.num_observed + model.num_known
-    static_cat = (
-        torch.stack([torch.randint(0, c, (batch,), generator=gen) for c in cardinalities], dim=1)
-        if cardinalities
-        else torch.zeros(batch, 0, dtype=torch.long)
-    )
-    return {
-        "encoder_cont": torch.randn(batch, enc_len, n_enc, generator=gen),
-        "decoder_known": torch.randn(
-            batch, model.prediction_length, model.num_known, generator=gen
-        ),
-        "static_cat": static_cat,
-        "static_real": torch.randn(batch, model.num_static_real, generator=gen),
-    }
 
 
 CONFIGS = {

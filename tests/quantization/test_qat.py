@@ -10,9 +10,7 @@ import torch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
 from foxhunt.training.run import train
-from tests.models.test_tft import make_batch
-from tests.test_config import compose_train
-from tests.training.test_train import tiny_overrides
+from tests.helpers import compose_train, make_batch, tiny_overrides
 
 INIT = dict(
     num_observed=4,

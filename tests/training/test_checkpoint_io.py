@@ -20,9 +20,15 @@ from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic
 from foxhunt.quantization import load_int8
 from foxhunt.training.run import train
-from tests.conftest import make_table, read_only, write_table
-from tests.test_config import compose_train
-from tests.training.test_train import ROOT, run_cli, tiny_overrides
+from tests.helpers import (
+    ROOT,
+    compose_train,
+    make_table,
+    read_only,
+    run_cli,
+    tiny_overrides,
+    write_table,
+)
 
 LEGACY = ROOT / "tests" / "fixtures" / "legacy_0.1.0"  # written by foxhunt 0.1.0 at 18885d5
 

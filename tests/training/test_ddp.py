@@ -16,11 +16,14 @@ from foxhunt.errors import ConfigError
 from foxhunt.memory import estimate
 from foxhunt.memory.estimator import MB
 from foxhunt.training.run import train
-from tests.memory.test_callbacks import SMALL_MODEL
-from tests.test_config import compose_train
+from tests.helpers import (
+    SMALL_MODEL,
+    compose_train,
+    run_cli,
+    tiny_overrides,
+    train_until_a_checkpoint,
+)
 from tests.training.ddp_probe import OOM_STEP, Probe
-from tests.training.test_resume import train_until_a_checkpoint
-from tests.training.test_train import run_cli, tiny_overrides
 
 PROBE = "../tests/training/ddp_probe.py"  # run_cli's scripts/ relative
 DDP = ("trainer=ddp", "trainer.devices=2")

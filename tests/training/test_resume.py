@@ -7,9 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import lightning as L
@@ -18,8 +15,7 @@ import torch
 
 from foxhunt.training.checkpointing import Interrupted
 from foxhunt.training.run import train
-from tests.test_config import compose_train
-from tests.training.test_train import ROOT, run_cli, tiny_overrides
+from tests.helpers import compose_train, run_cli, tiny_overrides, train_until_a_checkpoint
 
 
 def _summary(result) -> dict:
@@ -167,29 +163,6 @@ def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_pa
     assert _val_losses(run_dir, "csv/resume-1")  # the continuation logs beside it
     if Path(first["best_checkpoint"]).exists():  # unless a better epoch replaced it
         assert Path(first["best_checkpoint"]).read_bytes() == best
-
-
-def wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(root.glob(path_glob))
-        if found:
-            return found[0]
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
-    raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
-
-
-def train_until_a_checkpoint(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
-    """scripts/train.py running in the background, once its first last.ckpt is written."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return proc, wait_for("outputs/*/*/checkpoints/last.ckpt", cwd, proc)
 
 
 def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table_path):

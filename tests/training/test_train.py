@@ -5,9 +5,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,30 +15,7 @@ from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
 from foxhunt.training.run import SUMMARY_METRICS, train
-from tests.test_config import compose_train
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tiny_overrides(path: Path, *extra: str) -> list[str]:
-    return [
-        "data=parquet",
-        f"data.path={path}",
-        "data.target=y",
-        "data.group_column=symbol",
-        "data.features=[f1,f2]",
-        "data.known_features=[k1]",
-        "data.encoder_length=16",
-        "data.prediction_length=4",
-        "data.batch_size=16",
-        "trainer.max_epochs=2",
-        "trainer.enable_progress_bar=false",
-        "trainer.enable_model_summary=false",
-        "trainer.accelerator=cpu",
-        "trainer.log_every_n_steps=1",
-        "report=false",  # the report (about 1 s a run) has its own tests: tests/test_report.py
-        *extra,
-    ]
+from tests.helpers import compose_train, run_cli, tiny_overrides
 
 
 def epoch_losses(run_dir: Path) -> list[float]:
@@ -109,18 +83,6 @@ def test_resume_with_other_model_is_refused(tmp_path, table_path):
     )
     with pytest.raises(ConfigError, match="model.hidden_dim=64"):
         train(compose_train(*overrides), tmp_path / "b")
-
-
-def run_cli(*args: str, cwd: Path, script: str = "train.py") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_cli_invalid_override_exits_2(tmp_path):

@@ -1,0 +1,190 @@
+"""What several test modules build with: configs, small Parquet tables, CLI runs, model batches.
+
+Plain functions and constants, one definition each; the fixtures built from them are in
+conftest.py. Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from foxhunt.config import DataConfig, register_configs
+from foxhunt.models import TemporalFusionTransformer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+
+# --------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------
+
+# a quarter of tft_small's width: quick steps for the memory and DDP tests
+SMALL_MODEL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
+
+
+def compose_train(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def tiny_overrides(path: Path, *extra: str) -> list[str]:
+    """Overrides for a two-epoch CPU run on a `make_table` file at `path`."""
+    return [
+        "data=parquet",
+        f"data.path={path}",
+        "data.target=y",
+        "data.group_column=symbol",
+        "data.features=[f1,f2]",
+        "data.known_features=[k1]",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        "data.batch_size=16",
+        "trainer.max_epochs=2",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.accelerator=cpu",
+        "trainer.log_every_n_steps=1",
+        "report=false",  # the report (about 1 s a run) has its own tests: tests/test_report.py
+        *extra,
+    ]
+
+
+def with_(cfg: DataConfig, **changes) -> DataConfig:
+    return replace(cfg, **changes)
+
+
+# --------------------------------------------------------------------------------------------
+# Data files
+# --------------------------------------------------------------------------------------------
+
+T0 = np.datetime64("2026-01-05T00:00:00", "ns").astype(np.int64)
+FIVE_MIN = 5 * 60 * 10**9
+
+
+def make_table(lengths: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Columns of a multi-instrument file: time, symbol, two features, a known input, target."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {k: [] for k in ("timestamp", "symbol", "f1", "f2", "k1", "y")}
+    for symbol, n in lengths.items():
+        t = T0 + FIVE_MIN * np.arange(n)
+        cols["timestamp"].append(t)
+        cols["symbol"].append(np.full(n, symbol))
+        cols["f1"].append(rng.normal(size=n))
+        cols["f2"].append(rng.normal(size=n) * 10 + 3)
+        cols["k1"].append(np.sin(np.arange(n) / 10))
+        cols["y"].append(np.cumsum(rng.normal(size=n)))
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def write_table(path: Path, cols: dict[str, np.ndarray]) -> Path:
+    arrays = {
+        k: pa.array(v, pa.timestamp("ns", tz="UTC")) if k == "timestamp" else pa.array(v)
+        for k, v in cols.items()
+    }
+    pq.write_table(pa.table(arrays), path)
+    return path
+
+
+@contextmanager
+def read_only(directory: Path) -> Iterator[Path]:
+    """`directory` unwritable for this process while the block runs: `chattr +i` for root
+    (which permission bits do not stop), mode 0o555 otherwise; skips where neither works."""
+    directory.mkdir(parents=True, exist_ok=True)
+    root = os.geteuid() == 0
+    if root:
+        done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("chattr +i is not available to make a directory unwritable for root")
+    else:
+        directory.chmod(0o555)
+    try:
+        yield directory
+    finally:
+        if root:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+        else:
+            directory.chmod(0o755)
+
+
+# --------------------------------------------------------------------------------------------
+# Command-line runs
+# --------------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path, script: str = "train.py") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(root.glob(path_glob))
+        if found:
+            return found[0]
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
+
+
+def train_until_a_checkpoint(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """scripts/train.py running in the background, once its first last.ckpt is written."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, wait_for("outputs/*/*/checkpoints/last.ckpt", cwd, proc)
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+def make_batch(
+    model: TemporalFusionTransformer,
+    batch: int = 4,
+    enc_len: int = 12,
+    cardinalities: tuple[int, ...] = (),
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n_enc = model.num_observed + model.num_known
+    static_cat = (
+        torch.stack([torch.randint(0, c, (batch,), generator=gen) for c in cardinalities], dim=1)
+        if cardinalities
+        else torch.zeros(batch, 0, dtype=torch.long)
+    )
+    return {
+        "encoder_cont": torch.randn(batch, enc_len, n_enc, generator=gen),
+        "decoder_known": torch.randn(
+            batch, model.prediction_length, model.num_known, generator=gen
+        ),
+        "static_cat": static_cat,
+        "static_real": torch.randn(batch, model.num_static_real, generator=gen),
+    }
