@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from foxhunt import cli
 from foxhunt.sweep import finished_job
-from foxhunt.training.run import train
+from foxhunt.train import train
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -25,8 +25,8 @@ from foxhunt.data.loading import Future, Series
 from foxhunt.errors import CheckpointError
 from foxhunt.predict import _future_steps, build_windows
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
+from foxhunt.train import train
 from foxhunt.training.module import TFTModule, model_init
-from foxhunt.training.run import train
 from tests.helpers import FIVE_MIN, ROOT, compose_train, make_table, tiny_overrides, write_table
 
 E, H = 16, 4  # tiny_overrides' window

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.interpret import PLOTS, variable_names
 from foxhunt.report import LEARNING_CURVES, learning_curves, report_run
+from foxhunt.train import train
 from foxhunt.training.module import TFTModule
-from foxhunt.training.run import train
 from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table
 
 

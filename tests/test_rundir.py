@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from foxhunt.errors import ConfigError
 from foxhunt.rundir import LOCK_NAME
-from foxhunt.training.run import train
+from foxhunt.train import train
 from tests.helpers import compose_train, read_only, run_cli, tiny_overrides
 
 

@@ -18,6 +18,8 @@ from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import DataSchema, ParquetDataModule
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import check_writable, write_json
+from foxhunt.quantization import set_qat_phase
+from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
 
 log = logging.getLogger(__name__)
 NETWORKS = ("static", "encoder", "decoder")
@@ -137,8 +139,6 @@ def interpret(
     was_training = model.training
     model.eval()
     if (module.hparams.get("precision") or {}).get("name") == "int8":
-        from foxhunt.quantization import set_qat_phase
-
         set_qat_phase(model, observe=False, fake_quant=True)  # as the test split is scored
     device = module.device
     sums = _Sums(schema, quantiles)
@@ -396,8 +396,6 @@ def interpret_checkpoint(
     """`interpret` for a checkpoint alone: its schema fixes the columns and normalization.
     Without data overrides (`data_overridden=False`) the data config of the checkpoint's own
     training run is used when it can be found."""
-    from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
-
     if not cfg.ckpt_path:
         raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
     if cfg.top_k <= 0 or cfg.windows_per_instrument < 0:

@@ -49,6 +49,9 @@ from foxhunt.data.store import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.files import check_writable, read_export, write_atomic
 from foxhunt.interpret import run_device, training_data_config
+from foxhunt.quantization import set_qat_phase
+from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
+from foxhunt.training.checkpoint_io import load_module, load_weights, read_checkpoint
 
 log = logging.getLogger(__name__)
 MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory is free
@@ -104,8 +107,6 @@ def load(
     from the checkpoint's schema (columns as trained, time column `timestamp`, no group column).
     `data_defaults`: start from this data config instead (the CLI's `data=<option>`).
     `batch_size`: windows per forward pass; None: planned by the memory estimator."""
-    from foxhunt.training.checkpoint_io import read_checkpoint
-
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
     path, blob = Path(path).expanduser().resolve(), None
@@ -129,8 +130,6 @@ def _from_checkpoint(
     path: Path, ckpt: Mapping[str, Any]
 ) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], dict[str, Any]]:
     """(model, schema, model config, precision to plan the batch size with)."""
-    from foxhunt.training.checkpoint_io import load_module
-
     hparams = ckpt["hyper_parameters"]
     if "schema" not in hparams:
         raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
@@ -138,8 +137,6 @@ def _from_checkpoint(
     module = load_module(ckpt, compile=False)
     int8 = (hparams.get("precision") or {}).get("name") == "int8"
     if int8:  # the fake-quant model, as the test split scores it
-        from foxhunt.quantization import set_qat_phase
-
         set_qat_phase(module.model, observe=False, fake_quant=True)
     precision = {"name": "int8" if int8 else "fp32"}  # a bf16 checkpoint runs in float32
     return module.model, module.schema, dict(hparams["model"]), precision
@@ -151,9 +148,6 @@ def _from_export(
     """An export: float32 weights (model_fp32.safetensors) or int8 (model_int8.safetensors, or
     a legacy model_int8.pt), loaded without pickle (the legacy file weights-only).
     (model, schema, model config, whether it is int8)."""
-    from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
-    from foxhunt.training.checkpoint_io import load_weights
-
     meta = read_export(path)[1] if path.suffix == ".safetensors" else read_int8(path)
     if meta.get("schema") is None:
         raise CheckpointError(

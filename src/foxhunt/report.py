@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.loading import open_dataset
 from foxhunt.interpret import PLOTS, have_matplotlib, interpret, new_figure
 from foxhunt.sweep import markdown_table
 
@@ -181,10 +183,6 @@ def _add_dates(datamodule: ParquetDataModule, group: np.ndarray, ranges: list[di
     cfg = datamodule.cfg
     if cfg.nan_policy == "drop" or not ranges:
         return
-    import pyarrow.compute as pc
-
-    from foxhunt.data.loading import open_dataset
-
     columns = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else [])
     table = open_dataset(cfg.path).to_table(columns=columns)
     times = table.column(cfg.time_column)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import FoxhuntError
 from foxhunt.files import check_writable
-from foxhunt.training.run import experiment_key
 
 LOCK_NAME = ".foxhunt.lock"
+# the overrides that are not part of what an experiment is (resume=auto matches on the rest)
+RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs", "sweep.resume")
 _held: list[FileLock] = []  # kept for the life of the process
+
+
+def experiment_key(overrides: Sequence[str]) -> set[str]:
+    """What identifies an experiment: its command-line overrides but the resume ones."""
+    return {o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
 
 
 def _results(run_dir: Path) -> list[str]:

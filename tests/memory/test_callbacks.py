@@ -13,7 +13,7 @@ from foxhunt.errors import FoxhuntError
 from foxhunt.memory import estimate
 from foxhunt.memory.budget import LiveTensorBytes, live_tensors
 from foxhunt.memory.estimator import MB
-from foxhunt.training.run import train
+from foxhunt.train import train
 from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 
 

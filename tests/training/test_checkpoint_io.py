@@ -19,7 +19,7 @@ import foxhunt
 from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic
 from foxhunt.quantization import load_int8
-from foxhunt.training.run import train
+from foxhunt.train import train
 from tests.helpers import (
     ROOT,
     compose_train,

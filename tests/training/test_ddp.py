@@ -15,7 +15,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.memory import estimate
 from foxhunt.memory.estimator import MB
-from foxhunt.training.run import train
+from foxhunt.train import train
 from tests.helpers import (
     SMALL_MODEL,
     compose_train,

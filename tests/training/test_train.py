@@ -12,9 +12,9 @@ import torch
 
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.train import SUMMARY_METRICS, train
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
-from foxhunt.training.run import SUMMARY_METRICS, train
 from tests.helpers import compose_train, run_cli, tiny_overrides
 
 

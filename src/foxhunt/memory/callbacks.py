@@ -14,6 +14,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory.budget import MB, free_memory, reset_peaks, snapshot
+from foxhunt.memory.estimator import estimate
 
 log = logging.getLogger(__name__)
 
@@ -278,16 +279,13 @@ class MemoryLog(L.Callback):
 
 def batch_one_needs(cfg: Any) -> str:
     """What one sample needs by the estimate, for the message when even that does not fit."""
-    from foxhunt.memory.estimator import MB as _MB
-    from foxhunt.memory.estimator import estimate
-
     est = estimate(cfg, 1, 1)
     parts = sorted(est.train.parts.items(), key=lambda kv: -kv[1])[:2]
     budget = cfg.memory.budget_mb
     of = f" of the {budget:.0f} MB budget" if budget else ""
     return (
-        f"batch size 1 needs about {est.peak / _MB:.1f} MB by the estimate{of} (mostly "
-        + ", ".join(f"{k.replace('_', ' ')} {v / _MB:.1f} MB" for k, v in parts)
+        f"batch size 1 needs about {est.peak / MB:.1f} MB by the estimate{of} (mostly "
+        + ", ".join(f"{k.replace('_', ' ')} {v / MB:.1f} MB" for k, v in parts)
         + ")"
     )
 

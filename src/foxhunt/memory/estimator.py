@@ -32,12 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from foxhunt.data.datamodule import DataSchema, describe, random_batch
 from foxhunt.errors import ConfigError
-from foxhunt.memory.budget import counting_suspended
+from foxhunt.memory.budget import MB, counting_suspended
 from foxhunt.quantization.qat import bake_weight_fake_quant
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer
 
-MB = 2**20
 # MemTracker's categories, as the parts of a step that the breakdown names
 PARTS = {
     "Parameter": "parameters",

@@ -1,4 +1,5 @@
-"""One training run from a composed config: fit, test, summary.json."""
+"""One training run from a composed config: fit, test, summary.json (the app layer: it wires the
+data, the LightningModule, the memory and quantization plug-ins and the report together)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.report import report_run
+from foxhunt.rundir import experiment_key
 from foxhunt.training.checkpoint_io import (
     SafeCheckpointIO,
     export_weights,
@@ -55,8 +58,6 @@ log = logging.getLogger(__name__)
 # the epoch got (ParquetDataModule.state_dict), which Lightning's warning does not know
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
-# not part of what an experiment is
-RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs", "sweep.resume")
 SUMMARY_METRICS = (
     "val_loss",
     "test_loss",
@@ -80,11 +81,6 @@ def _logger(cfg: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
             )
         return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version=version)
     return CSVLogger(save_dir=run_dir, name="csv", version=version)
-
-
-def experiment_key(overrides: Sequence[str]) -> set[str]:
-    """What identifies an experiment: its command-line overrides but the resume ones."""
-    return {o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
 
 
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
@@ -391,8 +387,6 @@ def _before_other_processes(cfg: DictConfig, trainer: L.Trainer, ckpt_path: Path
 def _report(cfg: DictConfig, run_dir: Path, summary: dict, module: TFTModule, data: Any) -> None:
     """report.md and the interpretation plots; a failure there is one warning, not a failed
     run (the model and its summary are already written)."""
-    from foxhunt.report import report_run
-
     try:
         report_run(cfg, run_dir, summary, module, data)
     except Exception as exc:  # noqa: BLE001 - any report failure is reported the same way

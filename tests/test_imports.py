@@ -1,0 +1,74 @@
+"""Imports run one way: data and models at the bottom, training above them, the memory plug-in
+above training, the application layer on top; no cycle between packages or modules."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from graphlib import CycleError, TopologicalSorter
+
+from tests.helpers import ROOT
+
+SRC = ROOT / "src"
+# a package may import from its own layer and the layers below it, never from above
+LAYERS = [
+    {"errors", "files", "config", "data", "models"},
+    {"quantization"},
+    {"training"},
+    {"memory"},
+    {"interpret", "report", "predict", "train", "sweep", "cli", "rundir", ""},  # the app layer
+]
+LAYER = {package: n for n, packages in enumerate(LAYERS) for package in packages}
+
+
+def _module(path) -> str:
+    name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """foxhunt module -> the foxhunt modules it imports, at any depth of its code (an import
+    inside a function is an edge too: moving it there does not remove a cycle)."""
+    modules = {_module(p): p for p in (SRC / "foxhunt").rglob("*.py")}
+    graph = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("foxhunt"):
+                found = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {m for m in found if m in modules and m != name}
+        graph[name]  # noqa: B018 - every module is a node
+    return graph
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_every_package_has_a_layer():
+    assert {_package(m) for m in import_graph()} <= set(LAYER)
+
+
+def test_no_import_goes_up_a_layer():
+    upward = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if LAYER[_package(t)] > LAYER[_package(m)]
+    ]
+    assert upward == []
+
+
+def test_no_cycle_between_modules_or_packages():
+    graph = import_graph()
+    packages = defaultdict(set)
+    for m, targets in graph.items():
+        packages[_package(m)] |= {_package(t) for t in targets} - {_package(m)}
+    for g in (graph, packages):
+        try:
+            TopologicalSorter(g).prepare()
+        except CycleError as exc:
+            raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
