@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-SCRIPT = ROOT / "scripts" / "bench_tft.py"
+SCRIPT = ROOT / "benchmarks" / "bench_tft.py"
 ARGS = ["--config", "S", "--skip-theirs", "--steps", "2", "--eval-batches", "2"]
 ARGS += ["--repeats", "1", "--warmup", "1"]
 

@@ -189,7 +189,7 @@ def _available_bytes() -> int:
 def eager_bytes_estimate(cfg: Any) -> int:
     """Peak bytes the in-memory path needs, from the row count in the Parquet footers: the
     projected table and its float64 columns, then float64 inputs, the train rows' copy, the
-    normalized copy and the float32 result (scripts/bench_data.py measured 6.5 GiB at 4 million
+    normalized copy and the float32 result (benchmarks/bench_data.py measured 6.5 GiB at 4 million
     rows x 32 columns, where this estimates 6.6)."""
     dataset = open_dataset(cfg.path)
     observed, known, _, _, values = resolve_columns(dataset.schema, cfg)

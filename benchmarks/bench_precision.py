@@ -1,6 +1,6 @@
 """What int8 saves and what it does not: fp32 against int8 quantization-aware training.
 
-    python scripts/bench_precision.py [--models tft_small,tft_base] [--steps 5]
+    python benchmarks/bench_precision.py [--models tft_small,tft_base] [--steps 5]
 
 For each model, on this machine: the peak memory of one training step (MemTracker, live tensor
 bytes) and the step time (forward, loss, backward, fused AdamW) for fp32 and for int8 QAT; then

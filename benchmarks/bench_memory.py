@@ -1,6 +1,6 @@
 """How good is the memory estimator? Estimated against measured peaks of real steps.
 
-    python scripts/bench_memory.py [--device cpu|cuda] [--sizes 8,32,128] [--budget-mb 4096]
+    python benchmarks/bench_memory.py [--device cpu|cuda] [--sizes 8,32,128] [--budget-mb 4096]
 
 For tft_small and tft_base (225 OHLCV features), fp32, at each batch size: the estimate of a
 training and a validation step against one real step of each (live tensor bytes from MemTracker

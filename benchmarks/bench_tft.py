@@ -1,6 +1,6 @@
 """Benchmark foxhunt's TFT against pytorch-forecasting's, side by side in one process.
 
-    python scripts/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
+    python benchmarks/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
 
 Both models see the same synthetic data and shapes. The timed loops alternate (ours, theirs,
 ours, theirs, ...) so that drift of a shared machine (turbo, other jobs) hits both alike. The

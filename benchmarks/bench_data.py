@@ -1,6 +1,6 @@
 """How much memory does the DataModule need? The lazy path (data.lazy) against the in-memory one.
 
-    python scripts/bench_data.py [--instruments 40] [--rows 100000] [--features 30]
+    python benchmarks/bench_data.py [--instruments 40] [--rows 100000] [--features 30]
         [--layout instrument|month] [--modes eager,lazy,lazy-cached] [--dir DIR] [--keep]
 
 Writes a directory of Parquet files (one per instrument, or one per month holding every
