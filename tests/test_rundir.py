@@ -33,6 +33,7 @@ def _one_line(result, start: str) -> str:
     return line
 
 
+@pytest.mark.slow  # several commands or trainings: the full run, not the fast tier
 def test_a_fresh_run_into_a_finished_run_is_refused_and_changes_nothing(tmp_path, table_path):
     run = tmp_path / "run"
     args = [*tiny_overrides(table_path), "trainer.max_epochs=1", f"hydra.run.dir={run}"]

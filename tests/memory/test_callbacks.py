@@ -169,6 +169,7 @@ def test_live_bytes_stay_flat_over_50_validation_batches(tmp_path, long_table):
     assert max(probe.live) <= 1.01 * probe.live[0]
 
 
+@pytest.mark.slow  # several commands or trainings: the full run, not the fast tier
 def test_resumed_run_reuses_the_searched_batch_size(tmp_path, table_path):
     search = ("memory=search", "memory.budget_mb=60", "memory.safety_margin_mb=1")
     first = train(config(table_path, *search, "trainer.max_epochs=1"), tmp_path / "a")

@@ -119,6 +119,7 @@ def run_estimate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, script="estimate_memory.py")
 
 
+@pytest.mark.slow  # several commands or trainings: the full run, not the fast tier
 def test_cli_prints_table_and_json(tmp_path, es_sample):
     result = run_estimate(
         f"data.path={es_sample}",

@@ -75,6 +75,7 @@ def _one_line_refusal(result: subprocess.CompletedProcess, path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # several commands or trainings: the full run, not the fast tier
 def test_the_cli_entry_points_refuse_a_crafted_checkpoint(tmp_path, table_path):
     marker = tmp_path / "MARKER"
     evil = _crafted(tmp_path, "evil.ckpt", marker)

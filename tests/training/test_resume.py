@@ -27,6 +27,7 @@ def _digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in directory.glob("*.ckpt")}
 
 
+@pytest.mark.slow  # several commands or trainings: the full run, not the fast tier
 def test_resume_auto_takes_the_newest_run_of_the_same_experiment(tmp_path, table_path):
     base = tiny_overrides(table_path)
     first = _summary(run_cli(*base, "trainer.max_epochs=1", cwd=tmp_path))
