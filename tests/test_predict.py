@@ -191,15 +191,23 @@ def _run_cli(*args: str, monkeypatch, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "p.parquet"
-    code, stdout, stderr = _run_cli(
+def _predict_tail(trained, tmp_path, out, *extra, monkeypatch, capsys):
+    """scripts/predict.py on the tail file, writing to predict.out=`out`."""
+    return _run_cli(
         f"ckpt_path='{trained.ckpt}'",
         f"data.path={trained.tail_path}",
         f"predict.out={out}",
+        *extra,
         f"hydra.run.dir={tmp_path / 'run'}",
         monkeypatch=monkeypatch,
         capsys=capsys,
+    )
+
+
+def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "p.parquet"
+    code, stdout, stderr = _predict_tail(
+        trained, tmp_path, out, monkeypatch=monkeypatch, capsys=capsys
     )
     assert code == 0, stderr
     assert pq.read_table(out).num_rows == 2 * H
@@ -216,15 +224,7 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, cap
 
 def test_cli_output_never_overwrites_by_accident(trained, tmp_path, monkeypatch, capsys):
     def predict(out, *extra):
-        return _run_cli(
-            f"ckpt_path='{trained.ckpt}'",
-            f"data.path={trained.tail_path}",
-            f"predict.out={out}",
-            *extra,
-            f"hydra.run.dir={tmp_path / 'run'}",
-            monkeypatch=monkeypatch,
-            capsys=capsys,
-        )
+        return _predict_tail(trained, tmp_path, out, *extra, monkeypatch=monkeypatch, capsys=capsys)
 
     folder = tmp_path / "folder"
     folder.mkdir()
