@@ -68,6 +68,21 @@ def with_(cfg: DataConfig, **changes) -> DataConfig:
     return replace(cfg, **changes)
 
 
+def ohlcv_cfg(cfg: DataConfig, path: Path | str) -> DataConfig:
+    """`cfg` on OHLCV bars at `path` (the ES sample's schema): derived features, 32-bar encoder,
+    a lazy store (if any) in a `cache` folder beside the file."""
+    return with_(
+        cfg,
+        path=str(path),
+        target=None,
+        features="ohlcv",
+        known_features=[],
+        encoder_length=32,
+        prediction_length=4,
+        cache_dir=str(Path(path).parent / "cache"),
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Data files
 # --------------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ import torch
 
 from foxhunt.config import validate
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.loading import load_table
+from foxhunt.data.loading import TIME_UNITS, load_table
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.report import _data_section
-from tests.helpers import compose_train, make_table, with_, write_table
+from tests.helpers import compose_train, make_table, ohlcv_cfg, with_, write_table
 
 
 def setup(cfg) -> ParquetDataModule:
@@ -106,15 +106,7 @@ def test_directory_of_files(tmp_path, data_cfg):
 
 
 def test_ohlcv_features_on_sample(es_sample, data_cfg):
-    cfg = with_(
-        data_cfg,
-        path=str(es_sample),
-        target=None,
-        features="ohlcv",
-        known_features=[],
-        encoder_length=32,
-        prediction_length=4,
-    )
+    cfg = ohlcv_cfg(data_cfg, es_sample)
     dm = setup(cfg)
     assert dm.schema.target == "log_return" and dm.schema.target_kind == "return"
     assert dm.schema.target_center == 0.0  # a zero return stays zero after scaling
@@ -247,20 +239,6 @@ def test_instrument_names_of_any_type(tmp_path, data_cfg, names, groups):
 # ---- integer times: data.time_unit ----
 
 UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
-
-
-def ohlcv(cfg, path):
-    return with_(
-        cfg,
-        path=str(path),
-        target=None,
-        features="ohlcv",
-        known_features=[],
-        encoder_length=32,
-        prediction_length=4,
-        cache_dir=str(Path(path).parent / "cache"),
-    )
 
 
 def integer_times(es_sample: Path, path: Path, unit: str) -> Path:
@@ -274,16 +252,16 @@ def integer_times(es_sample: Path, path: Path, unit: str) -> Path:
 @pytest.mark.parametrize("unit", list(UNIT_NS))
 def test_integer_times_need_their_unit(tmp_path, es_sample, data_cfg, unit):
     path = integer_times(es_sample, tmp_path / "int.parquet", unit)
-    cfg = ohlcv(data_cfg, path)
+    cfg = ohlcv_cfg(data_cfg, path)
     with pytest.raises(DataError) as err:
         setup(cfg)
     assert str(err.value) == (
         "time column 'timestamp' holds integers (int64) of no stated unit: values like "
-        f"{pq.read_table(path)['timestamp'][0]} look like {UNIT_NAMES[unit]}; "
+        f"{pq.read_table(path)['timestamp'][0]} look like {TIME_UNITS[unit]}; "
         f"set data.time_unit={unit} (one of s, ms, us, ns)"
     )
     # in that unit: the same calendar features as the file's timestamps give
-    want = setup(ohlcv(data_cfg, es_sample)).datasets["train"].inputs
+    want = setup(ohlcv_cfg(data_cfg, es_sample)).datasets["train"].inputs
     for lazy in (False, True):
         got = setup(with_(cfg, time_unit=unit, lazy=lazy)).datasets["train"].inputs
         assert torch.equal(got, want), f"lazy={lazy}"
@@ -291,7 +269,7 @@ def test_integer_times_need_their_unit(tmp_path, es_sample, data_cfg, unit):
 
 def test_predict_reads_integer_times_by_the_unit_too(tmp_path, es_sample, data_cfg):
     table = pq.read_table(integer_times(es_sample, tmp_path / "int.parquet", "s"))
-    cfg = ohlcv(data_cfg, tmp_path / "int.parquet")
+    cfg = ohlcv_cfg(data_cfg, tmp_path / "int.parquet")
     with pytest.raises(DataError, match="holds integers .* look like seconds"):
         load_table(table, cfg)
     got = load_table(table, with_(cfg, time_unit="s")).series
@@ -337,7 +315,7 @@ def test_a_huge_close_is_named_before_features_are_derived(tmp_path, es_sample, 
     close[1000] = 1e300
     pq.write_table(table.set_column(5, "close", pa.array(close)), tmp_path / "es.parquet")
     with pytest.raises(DataError, match=r"^column 'close' of instrument ESH6 holds 1e\+300 at"):
-        setup(ohlcv(data_cfg, tmp_path / "es.parquet"))
+        setup(ohlcv_cfg(data_cfg, tmp_path / "es.parquet"))
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -15,7 +15,7 @@ from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.store import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
-from tests.helpers import compose_train, make_table, with_, write_table
+from tests.helpers import compose_train, make_table, ohlcv_cfg, with_, write_table
 
 LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
 
@@ -117,15 +117,7 @@ def test_one_file_in_small_row_groups(tmp_path, data_cfg, cols, eager):
 
 
 def test_ohlcv_features_match(tmp_path, es_sample, data_cfg):
-    cfg = with_(
-        data_cfg,
-        path=str(es_sample),
-        target=None,
-        features="ohlcv",
-        known_features=[],
-        encoder_length=32,
-        prediction_length=4,
-    )
+    cfg = ohlcv_cfg(data_cfg, es_sample)
     assert_same(setup(with_(cfg, lazy=False)), setup(lazy(cfg, es_sample, tmp_path)))
 
 
