@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -20,7 +20,8 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 from foxhunt.data.datamodule import DataSchema
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import prepare_qat
-from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss, quantile_loss
+from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
+from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validation_forward
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,6 @@ def build_model(
     if precision and precision.get("name") == "int8":
         prepare_qat(tft, traced, precision.get("backend", "torch.ao"))
     return tft
-
-
-def _rows(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
-    """Samples [start, stop) of a batch (views, no copy)."""
-    return {k: v[start:stop] for k, v in batch.items()}
 
 
 def _numpy_state(state: tuple) -> tuple:
@@ -165,61 +161,34 @@ class TFTModule(L.LightningModule):
         return self.model(batch)
 
     def on_fit_start(self) -> None:
-        # a memory callback that splits steps into micro-batches (foxhunt.memory.OOMBackoff),
-        # found by what it does so that training does not import the memory package
+        # the memory plug-in that splits steps into micro-batches (foxhunt.memory.OOMBackoff)
         self._chunk_runner = next(
-            (cb for cb in self.trainer.callbacks if hasattr(cb, "run_chunks")), None
+            (cb for cb in self.trainer.callbacks if isinstance(cb, ChunkRunner)), Whole()
         )
 
-    def _run_chunks(self, n: int, kind: str, fn: Callable[[int, int], None], restart: bool) -> None:
-        runner = getattr(self, "_chunk_runner", None)
-        if runner is None:
-            fn(0, n)
-        else:
-            runner.run_chunks(n, kind, fn, restart)
-
-    def _optimizer_step(self, optimizer: Any) -> None:
+    def _average_gradients(self) -> None:
         if self.trainer.world_size > 1:
             _average_gradients(self.parameters(), self.trainer.world_size)
-        clip = self.hparams.optim.get("gradient_clip_val")
-        if clip:  # (Lightning's clip_gradients refuses fused optimizers under bf16-mixed;
-            # no precision used here scales gradients, so plain clipping is right)
-            torch.nn.utils.clip_grad_norm_(self.parameters(), clip)
-        optimizer.step()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        # Manual optimization: a step may run as several micro-batches (OOM backoff). With
-        # keep_effective_batch their gradients accumulate into one update equal to the whole
-        # batch's; without, each micro-batch is its own optimizer step. Under DDP the backward
-        # passes do not synchronise (no_sync): every process runs its micro-batches, the
-        # backoff agrees on whether any ran out of memory (then all redo the step), and only
-        # then are the gradients averaged, once, in _optimizer_step.
-        optimizer = self.optimizers()
-        n = len(batch["target"])
-        accumulate = getattr(getattr(self, "_chunk_runner", None), "keep_effective_batch", True)
-        total = torch.zeros((), device=self.device)
-
-        def run(start: int, stop: int) -> None:
-            nonlocal total
-            if start == 0 or not accumulate:
-                optimizer.zero_grad(set_to_none=True)
-            if start == 0 and accumulate:
-                total = torch.zeros((), device=self.device)
-            part = _rows(batch, start, stop)
-            loss = quantile_loss(self.model(part), part["target"], self.quantiles)
-            self.manual_backward(loss * ((stop - start) / n) if accumulate else loss)
-            if not accumulate:
-                self._optimizer_step(optimizer)
-            total = total + loss.detach() * (stop - start)
-
+        # Manual optimization: the step (foxhunt.training.step) may run as several micro-batches
+        # (OOM backoff). Under DDP the backward passes do not synchronise (no_sync): every
+        # process runs its micro-batches, the backoff agrees on whether any ran out of memory
+        # (then all redo the step), and only then are the gradients averaged, once.
         with _no_backward_sync(self.trainer.strategy):
-            self._run_chunks(n, "train", run, restart=accumulate)
-        if accumulate:
-            self._optimizer_step(optimizer)
+            loss = train_step(
+                self.model,
+                self.optimizers(),
+                batch,
+                self.quantiles,
+                clip=self.hparams.optim.get("gradient_clip_val"),
+                backward=self.manual_backward,
+                runner=getattr(self, "_chunk_runner", None),
+                before_update=self._average_gradients,
+            )
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        loss = total / n
         # synced: every process logs the global batch's loss (all take the same steps)
         self.log(
             "train_loss",
@@ -227,20 +196,21 @@ class TFTModule(L.LightningModule):
             on_step=True,
             on_epoch=True,
             prog_bar=True,
-            batch_size=n,
+            batch_size=len(batch["target"]),
             sync_dist=True,
         )
         return loss
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> None:
         n = len(batch["target"])
-        self._run_chunks(n, "val", lambda a, b: self._update(_rows(batch, a, b), stage), False)
+        runner = getattr(self, "_chunk_runner", None) or Whole()
+        runner.run_chunks(n, "val", lambda a, b: self._update(rows(batch, a, b), stage), False)
         self.log_dict(
             self.metrics[stage], on_step=False, on_epoch=True, prog_bar=stage == "val", batch_size=n
         )
 
     def _update(self, batch: dict[str, torch.Tensor], stage: str) -> None:
-        pred = self.model(batch)
+        pred = validation_forward(self.model, batch)
         target = batch["target"]
         # the naive forecast: a zero return, or the last observed level
         if self.schema.target_kind == "return":

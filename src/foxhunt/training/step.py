@@ -1,0 +1,106 @@
+"""The training step and the validation step, written once.
+
+The LightningModule runs them, the memory estimator traces them under FakeTensorMode, the batch
+size search tries them and the benchmarks time them: a change here changes all four, so the
+estimate cannot drift from what training does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from foxhunt.training.metrics import quantile_loss
+
+Batch = dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class ChunkRunner(Protocol):
+    """What the training asks of a memory plug-in that splits steps into micro-batches
+    (foxhunt.memory.OOMBackoff): call fn(start, stop) over [0, n) in pieces that fit."""
+
+    keep_effective_batch: bool
+
+    def run_chunks(
+        self, n: int, kind: str, fn: Callable[[int, int], None], restart: bool
+    ) -> None: ...
+
+
+class Whole:
+    """The runner without a plug-in: the batch in one piece."""
+
+    keep_effective_batch = True
+
+    def run_chunks(self, n: int, kind: str, fn: Callable[[int, int], None], restart: bool) -> None:
+        fn(0, n)
+
+
+def rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples [start, stop) of a batch (views, no copy)."""
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
+def forecast_loss(model: nn.Module, batch: Batch, quantiles: torch.Tensor) -> torch.Tensor:
+    """The model's quantile loss on a batch (forward and loss, autograd on)."""
+    return quantile_loss(model(batch), batch["target"], quantiles)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    quantiles: torch.Tensor,
+    *,
+    clip: float | None = None,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    runner: ChunkRunner | None = None,
+    before_update: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """One training step: zero the gradients, forward, loss, backward, clip the gradient norm
+    to `clip`, optimizer step. Returns the batch's mean loss (detached).
+
+    `runner` may run the batch as micro-batches (OOM backoff): with `keep_effective_batch` their
+    gradients accumulate into one update equal to the whole batch's (a restarted step zeroes
+    them again); without, each micro-batch is its own optimizer step. `backward` is Lightning's
+    manual_backward in the module; `before_update` runs before clipping (the DDP gradient
+    all-reduce)."""
+    runner = runner or Whole()
+    n = len(batch["target"])
+    accumulate = runner.keep_effective_batch
+    total = torch.zeros((), device=batch["target"].device)
+
+    def update() -> None:
+        if before_update is not None:
+            before_update()
+        if clip:  # (Lightning's clip_gradients refuses fused optimizers under bf16-mixed; no
+            # precision used here scales gradients, so plain clipping is right)
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+
+    def run(start: int, stop: int) -> None:
+        nonlocal total
+        if start == 0 or not accumulate:
+            optimizer.zero_grad(set_to_none=True)
+        if start == 0 and accumulate:
+            total = torch.zeros((), device=total.device)
+        part = rows(batch, start, stop) if stop - start < n else batch
+        loss = forecast_loss(model, part, quantiles)
+        backward(loss * ((stop - start) / n) if accumulate and stop - start < n else loss)
+        if not accumulate:
+            update()
+        total = total + loss.detach() * (stop - start)
+
+    runner.run_chunks(n, "train", run, restart=accumulate)
+    if accumulate:
+        update()
+    return total / n
+
+
+@torch.no_grad()
+def validation_forward(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The validation step's forward: quantile predictions without autograd."""
+    return model(batch)
