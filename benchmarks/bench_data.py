@@ -26,11 +26,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from foxhunt.data.synthetic import synthetic_panel
 
 MIB = 2**20
 T0 = np.datetime64("2020-01-06T00:00:00", "ns").astype(np.int64)
@@ -45,18 +46,20 @@ def generate(folder: Path, instruments: int, rows: int, features: int, layout: s
     for m in range(months):
         parts = []
         for i in range(instruments):
-            rng = np.random.default_rng([i, m])
             n = per_month if m < months - 1 else rows - per_month * (months - 1)
-            t = T0 + BAR_NS * (m * per_month + np.arange(n))
-            cols: dict[str, Any] = {
-                "timestamp": pa.array(t, pa.timestamp("ns", tz="UTC")),
-                "symbol": pa.array(np.full(n, f"I{i:04d}")).dictionary_encode(),
-                "k1": np.sin(np.arange(n) / 60.0),
-                "y": np.cumsum(rng.normal(size=n)),
-            }
-            block = rng.normal(size=(features, n))
-            cols.update({f"f{j:03d}": block[j] for j in range(features)})
-            table = pa.table(cols)
+            # a random-walk target and noise features, float64 as market data usually come
+            panel = synthetic_panel(
+                [f"I{i:04d}"], n, features, phi=1.0, seed=[i, m], dtype=np.float64
+            )
+            t = T0 + BAR_NS * (m * per_month + panel.pop("time"))
+            table = pa.table(
+                {
+                    "timestamp": pa.array(t, pa.timestamp("ns", tz="UTC")),
+                    "symbol": pa.array(panel.pop("series")).dictionary_encode(),
+                    "k1": np.sin(np.arange(n) / 60.0),
+                    **panel,  # target, f0, f1, ...
+                }
+            )
             if layout == "instrument":
                 pq.write_table(table, folder / f"I{i:04d}.parquet")
             else:
@@ -105,12 +108,11 @@ def child(args: argparse.Namespace) -> None:
     from foxhunt.data.store import eager_bytes_estimate
 
     torch.set_num_threads(args.threads)
-    features = [f"f{j:03d}" for j in range(args.features)]
     cfg = DataConfig(
         path=str(args.dir / "data"),
         group_column="symbol",
-        target="y",
-        features=features,
+        target="target",
+        features=[f"f{j}" for j in range(args.features)],
         known_features=["k1"],
         encoder_length=64,
         prediction_length=8,

@@ -20,8 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from foxhunt.config import register_configs
-from foxhunt.memory import estimate, max_batch_size, measure
-from foxhunt.memory.estimator import MB
+from foxhunt.memory import MB, estimate, max_batch_size, measure
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {

@@ -22,18 +22,17 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from foxhunt.config import register_configs
-from foxhunt.data.datamodule import describe, random_batch
-from foxhunt.memory import measure
+from foxhunt.data.schema import describe, random_batch
+from foxhunt.memory import MB, measure
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer, model_init
+from foxhunt.training.step import train_step
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {
     "tft_small": (["model=tft_small"], 64),
     "tft_base": (["model=tft_base", "data.ohlcv.num_features=225"], 16),
 }
-MB = 2**20
 
 
 def compose_config(overrides: list[str]) -> Any:
@@ -49,17 +48,10 @@ def step_time(model_cfg: dict, schema: Any, precision: dict, batch_size: int, st
     optimizer = make_optimizer(model.parameters(), {"lr": 1e-3, "weight_decay": 1e-2})
     batch = random_batch(schema, batch_size)
     q = torch.tensor(model_cfg["quantiles"])
-
-    def step() -> None:
-        loss = quantile_loss(model(batch), batch["target"], q)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
+    train_step(model, optimizer, batch, q)
     start = time.perf_counter()
     for _ in range(steps):
-        step()
+        train_step(model, optimizer, batch, q)
     return (time.perf_counter() - start) / steps
 
 

@@ -2,9 +2,12 @@
 
     python benchmarks/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
 
-Both models see the same synthetic data and shapes. The timed loops alternate (ours, theirs,
-ours, theirs, ...) so that drift of a shared machine (turbo, other jobs) hits both alike. The
-output is a table, then, as the last line, one JSON object with the raw figures.
+Both models see the same synthetic data (`foxhunt.data.synthetic`) and shapes. Ours trains with
+the step training runs (`foxhunt.training.step.train_step`), theirs with the same sequence:
+zero the gradients, forward, the same quantile loss, backward, AdamW step. The timed loops
+alternate (ours, theirs, ours, theirs, ...) so that drift of a shared machine (turbo, other
+jobs) hits both alike. The output is a table, then, as the last line, one JSON object with the
+raw figures; the peak memory breakdown names the parts as `foxhunt.memory.PARTS` does.
 
 pytorch-forecasting is optional: `pip install -e ".[bench]"`, or pass --skip-theirs.
 """
@@ -12,6 +15,7 @@ pytorch-forecasting is optional: `pip install -e ".[bench]"`, or pass --skip-the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -33,8 +37,12 @@ from torch import Tensor, nn
 
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.synthetic import synthetic_panel
+from foxhunt.memory import MB, PARTS
+from foxhunt.memory.table import breakdown_rows, format_table
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.training.metrics import quantile_loss
+from foxhunt.training.step import train_step, validation_forward
 
 # pytorch-forecasting and Lightning warn about things that do not matter to a benchmark
 # (nn.Module hyperparameters, dataloader workers, ...); keep stdout to the table and the JSON.
@@ -50,7 +58,6 @@ NUM_SERIES = 4
 SERIES_LENGTH = 3000
 LEARNING_RATE = 1e-3
 DROPOUT = 0.1
-MIB = 2**20
 PARAM_TOLERANCE = 0.05  # the two models must be the same size to within this fraction
 MIN_DATAMODULE_BATCHES = 200
 MAX_BATCH_POOL = 64  # batches kept in memory for the timed loops; they are cycled
@@ -94,29 +101,11 @@ def sync(device: torch.device) -> None:
 
 
 def make_frame(shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
-    """Columns time, series, target, f0..: NUM_SERIES series of SERIES_LENGTH steps.
-
-    The target is a unit-variance AR(1) and the features unit-variance noise, so that ours
-    (which standardizes) and theirs (target_normalizer=None) see values of the same scale."""
-    rng = np.random.default_rng(seed)
-    n, phi = SERIES_LENGTH, 0.9
-    cols: dict[str, list[np.ndarray]] = {"time": [], "series": [], "target": []}
-    features = [f"f{i}" for i in range(shape.num_features)]
-    for name in features:
-        cols[name] = []
-    for s in range(NUM_SERIES):
-        shocks = rng.normal(scale=np.sqrt(1 - phi**2), size=n)
-        target = np.empty(n)
-        target[0] = rng.normal()
-        for t in range(1, n):
-            target[t] = phi * target[t - 1] + shocks[t]
-        cols["time"].append(np.arange(n, dtype=np.int64))
-        cols["series"].append(np.full(n, f"s{s}"))
-        cols["target"].append(target.astype(np.float32))
-        block = rng.normal(size=(n, len(features))).astype(np.float32)
-        for i, name in enumerate(features):
-            cols[name].append(block[:, i])
-    return {k: np.concatenate(v) for k, v in cols.items()}
+    """NUM_SERIES series of SERIES_LENGTH steps: a unit-variance AR(1) target and unit-variance
+    noise features, so that ours (which standardizes) and theirs (target_normalizer=None) see
+    values of the same scale."""
+    names = [f"s{s}" for s in range(NUM_SERIES)]
+    return synthetic_panel(names, SERIES_LENGTH, shape.num_features, seed=seed)
 
 
 def feature_names(frame: dict[str, np.ndarray]) -> list[str]:
@@ -184,16 +173,15 @@ def pool_batches(
 class Contender:
     """A model, its optimizer and pre-collected device batches, plus the figures measured.
 
-    `predict`, `target` and `tensors` hide the two batch formats: ours is a dict, theirs
-    (x, y) with x pytorch-forecasting's input dict."""
+    `step` (one training step) and `evaluate` (one eval forward) hide the two batch formats:
+    ours is a dict, theirs (x, y) with x pytorch-forecasting's input dict."""
 
     name: str
     module: nn.Module  # the eager model: parameters, FLOPs and memory are measured on it
-    predict: Callable[[nn.Module, Any], Tensor]
-    target: Callable[[Any], Tensor]
+    step: Callable[[nn.Module, torch.optim.Optimizer, Any], Tensor]
+    evaluate: Callable[[nn.Module, Any], Tensor]
     tensors: Callable[[Any], list[Tensor]]
     batches: list[Any]
-    quantiles: Tensor
     model: nn.Module = field(init=False)  # what the timed loops call (compiled, maybe)
     optimizer: torch.optim.Optimizer = field(init=False)
     cursor: Iterator[Any] = field(init=False)
@@ -203,30 +191,16 @@ class Contender:
 
     def __post_init__(self) -> None:
         self.model = self.module
+        # plain AdamW for both (foxhunt's training uses the fused one: make_optimizer)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=LEARNING_RATE)
-        self.cursor = _cycle(self.batches)
-
-    def forward_backward(self, model: nn.Module | None = None) -> Tensor:
-        batch = next(self.cursor)
-        pred = self.predict(self.model if model is None else model, batch)
-        loss = quantile_loss(pred, self.target(batch), self.quantiles)
-        loss.backward()
-        return loss
+        self.cursor = itertools.cycle(self.batches)
 
     def train_step(self, model: nn.Module | None = None) -> Tensor:
-        loss = self.forward_backward(model)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss
+        return self.step(self.model if model is None else model, self.optimizer, next(self.cursor))
 
     @property
     def params(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
-
-
-def _cycle(items: list[Any]) -> Iterator[Any]:
-    while True:
-        yield from items
 
 
 def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
@@ -249,14 +223,14 @@ def build_ours(
         quantiles=QUANTILES,
     ).to(device)
     batches = pool_batches(datamodule.train_dataloader, lambda b: len(b["target"]), pool)
+    quantiles = torch.tensor(QUANTILES, device=device)
     return Contender(
         name="ours",
         module=module,
-        predict=lambda model, batch: model(batch),
-        target=lambda batch: batch["target"],
+        step=lambda model, optimizer, batch: train_step(model, optimizer, batch, quantiles),
+        evaluate=validation_forward,
         tensors=lambda batch: list(batch.values()),
         batches=[_to(b, device) for b in batches],
-        quantiles=torch.tensor(QUANTILES, device=device),
     )
 
 
@@ -310,16 +284,29 @@ def build_theirs(
         lambda b: len(b[1][0]),
         pool,
     )
+    quantiles = torch.tensor(QUANTILES, device=device)
     return Contender(
         name="theirs",
         module=module,
-        predict=lambda model, batch: model(batch[0])["prediction"],
-        target=lambda batch: batch[1],
+        step=lambda model, optimizer, batch: their_train_step(model, optimizer, batch, quantiles),
+        evaluate=lambda model, batch: model(batch[0])["prediction"],
         tensors=lambda batch: [*batch[0].values(), batch[1]],
         # (x, (y, weight)) -> (x, y): the weight is None here
         batches=[(_to(x, device), y[0].to(device)) for x, y in batches],
-        quantiles=torch.tensor(QUANTILES, device=device),
     )
+
+
+def their_train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, quantiles: Tensor
+) -> Tensor:
+    """foxhunt.training.step.train_step for pytorch-forecasting's model (its output is a dict):
+    zero the gradients, forward, the same quantile loss, backward, optimizer step."""
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = quantile_loss(model(x)["prediction"], y, quantiles)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
 
 
 # --- measurements ---------------------------------------------------------------------------
@@ -350,7 +337,8 @@ def gemm_gflops(device: torch.device, dtype: torch.dtype, seconds: float = 1.0) 
 
 
 def count_gflop(c: Contender) -> float:
-    """FLOPs of one forward + backward (the first training step: it also creates the state).
+    """FLOPs of one training step's forward and backward (the first step: it also creates the
+    optimizer state, whose update FlopCounterMode does not count).
 
     FlopCounterMode only sees ATen matmuls, so the step runs on the decomposed paths: oneDNN
     (CPU) and cuDNN (CUDA) LSTMs, and the fused SDPA kernels, would otherwise count as zero."""
@@ -362,25 +350,13 @@ def count_gflop(c: Contender) -> float:
         stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         counter = stack.enter_context(FlopCounterMode(display=False))
-        c.forward_backward(c.module)
-    c.optimizer.step()
-    c.optimizer.zero_grad(set_to_none=True)
+        c.train_step(c.module)
     return counter.get_total_flops() / 1e9
 
 
-_BREAKDOWN_LABELS = {
-    "Parameter": "parameters",
-    "Gradient": "gradients",
-    "Optstate": "optimizer state",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Buffer": "buffers",
-    "Other": "other (inputs, ...)",
-}
-
-
 def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, float] | None]:
-    """Peak MiB of one training step once the optimizer state exists, and its breakdown.
+    """Peak MiB of one training step once the optimizer state exists, and its breakdown by
+    part (foxhunt.memory.PARTS).
 
     MemTracker attributes every live tensor (parameters, gradients, optimizer state,
     activations saved for backward, temporaries); on CUDA the allocator's own peak is the total
@@ -394,7 +370,7 @@ def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, fl
         torch.cuda.reset_peak_memory_stats(device)
         c.train_step(c.module)
         sync(device)
-        total = torch.cuda.max_memory_allocated(device) / MIB
+        total = torch.cuda.max_memory_allocated(device) / MB
     try:
         tracker = MemTracker()
         tracker.track_external(c.module, c.optimizer, *c.tensors(c.batches[0]))
@@ -402,8 +378,8 @@ def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, fl
             c.train_step(c.module)
         snapshot = tracker.get_tracker_snapshot("peak")
         per_device = snapshot.get(device, snapshot.get(torch.device(device.type, 0), {}))
-        mib = {getattr(k, "value", str(k)): v / MIB for k, v in per_device.items()}
-        breakdown = {label: mib.get(key, 0.0) for key, label in _BREAKDOWN_LABELS.items()}
+        mib = {getattr(k, "value", str(k)): v / MB for k, v in per_device.items()}
+        breakdown = {part: mib.get(key, 0.0) for key, part in PARTS.items()}
         if total is None:
             total = mib["Total"]
     except Exception as exc:  # a breakdown is a bonus; the CUDA total stands
@@ -431,11 +407,11 @@ def time_eval(c: Contender, batches: int, device: torch.device) -> float:
     c.model.eval()
     try:
         with torch.no_grad():
-            c.predict(c.model, next(c.cursor))
+            c.evaluate(c.model, next(c.cursor))
             sync(device)
             start = time.perf_counter()
             for _ in range(batches):
-                c.predict(c.model, next(c.cursor))
+                c.evaluate(c.model, next(c.cursor))
             sync(device)
             return (time.perf_counter() - start) * 1000 / batches
     finally:
@@ -487,27 +463,18 @@ def _cell(value: float | None, fmt: str) -> str:
 def print_table(result: dict[str, Any]) -> None:
     ours, theirs = result["ours"], result["theirs"] or {}
     g = result["gemm_gflops"]
-    rows: list[tuple[str, str, str, str, str]] = []
+    rows: list[list[str]] = []
 
     def row(label: str, key: str, fmt: str, ratio: float | None = None, meaning: str = "") -> None:
-        rows.append(
-            (
-                label,
-                _cell(ours.get(key), fmt),
-                _cell(theirs.get(key), fmt),
-                _cell(ratio, ".3f"),
-                meaning if ratio is not None else "",
-            )
-        )
+        cells = [_cell(ours.get(key), fmt), _cell(theirs.get(key), fmt), _cell(ratio, ".3f")]
+        rows.append([label, *cells, meaning if ratio is not None else ""])
 
     row("parameters", "params", ",d", result["param_ratio"], "ours/theirs")
     row("train samples/s", "train_samples_per_s", ".1f", result["train_speedup"], "speedup")
     row("eval ms/batch", "eval_ms_per_batch", ".2f", result["eval_speedup"], "speedup")
     row("peak train-step MiB", "peak_mib", ".1f", result["memory_ratio"], "ours/theirs")
-    for label in _BREAKDOWN_LABELS.values():
-        o = (ours["peak_breakdown_mib"] or {}).get(label)
-        t = (theirs.get("peak_breakdown_mib") or {}).get(label)
-        rows.append((f"  {label}", _cell(o, ".1f"), _cell(t, ".1f"), "", ""))
+    parts = [ours["peak_breakdown_mib"], theirs.get("peak_breakdown_mib")]
+    rows += [[*r, "", ""] for r in breakdown_rows(parts, indent="  ")]
     for label, key in (
         ("GFLOP/step (fwd+bwd)", "gflop_per_step"),
         ("achieved GFLOP/s", "achieved_gflops"),
@@ -516,31 +483,19 @@ def print_table(result: dict[str, Any]) -> None:
         fmt = ".3f" if key == "gemm_fraction" else ".2f"
         row(label, key, fmt, _ratio(ours.get(key), theirs.get(key)), "ours/theirs")
 
-    header = (
+    print(
         f"TFT benchmark: config {result['config']}, device {result['device']}, "
         f"torch {result['torch']}, {result['threads']} threads; median of {result['repeats']} "
         f"repeats of {result['steps']} steps (batch {BATCH_SIZE}), "
         f"{result['eval_batches']} eval batches"
     )
-    print(header)
     gemm_line = f"matmul fp32: {g:.1f} GFLOP/s"
     if result.get("gemm_bf16_gflops"):
         gemm_line += f", bf16: {result['gemm_bf16_gflops']:.1f} GFLOP/s"
     print(gemm_line)
     if result["compile"]:
         print(f"ours compiled: {result['compile_error'] or 'yes'} (memory and FLOPs: eager)")
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    widths = [
-        max(w, len(h)) for w, h in zip(widths, ("", "ours", "theirs", "ratio", ""), strict=True)
-    ]
-    print(
-        f"{'':<{widths[0]}}  {'ours':>{widths[1]}}  {'theirs':>{widths[2]}}  {'ratio':>{widths[3]}}"
-    )
-    for r in rows:
-        print(
-            f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  "
-            f"{r[3]:>{widths[3]}}  {r[4]}".rstrip()
-        )
+    print(format_table(["", "ours", "theirs", "ratio", ""], rows, align="lrrrl"))
     print(
         f"DataModule train loader: {result['datamodule_windows_per_s']:.0f} windows/s = "
         f"{result['datamodule_vs_train']:.1f}x ours' training samples/s "

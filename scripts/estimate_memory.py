@@ -15,19 +15,19 @@ from omegaconf import DictConfig
 
 from foxhunt import cli
 from foxhunt.config import validate
-from foxhunt.memory import estimate, max_batch_size, measure
-from foxhunt.memory.estimator import MB
+from foxhunt.memory import MB, MemoryEstimate, estimate, max_batch_size, measure
+from foxhunt.memory.table import breakdown_rows, format_table
 
 
-def print_table(result: dict, est) -> None:  # noqa: ANN001
-    names = list(dict.fromkeys([*est.train.parts, *est.val.parts]))
+def print_table(result: dict, est: MemoryEstimate) -> None:
+    steps = (est.train, est.val)
+    rows = [
+        ["(batch size)", *(str(s.batch_size) for s in steps)],
+        *breakdown_rows([{k: v / MB for k, v in s.parts.items()} for s in steps]),
+        ["peak", *(f"{s.total / MB:.1f}" for s in steps)],
+    ]
     print(f"{est.device}: {est.params:,} parameters")
-    print(f"{'component':<24}{'train MB':>12}{'val MB':>12}")
-    print(f"{'(batch size)':<24}{est.train.batch_size:>12}{est.val.batch_size:>12}")
-    for name in names:
-        t, v = (s.parts.get(name, 0) / MB for s in (est.train, est.val))
-        print(f"{name.replace('_', ' '):<24}{t:>12.1f}{v:>12.1f}")
-    print(f"{'peak':<24}{est.train.total / MB:>12.1f}{est.val.total / MB:>12.1f}")
+    print(format_table(["component", "train MB", "val MB"], rows))
     for kind in ("train", "val"):
         if f"measured_{kind}_peak_mb" in result:
             print(

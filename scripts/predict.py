@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt import cli
-from foxhunt.predict import predict_command, register_config
+from foxhunt.predict_cli import predict_command, register_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")

@@ -18,7 +18,8 @@ from foxhunt.train import train
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    summary = finished_job(cfg, run_dir)  # +sweep.resume=true: a finished job is not re-run
+    # +sweep.resume=true: a job that finished is not re-run
+    summary = finished_job(run_dir, sweep_resumed=bool(cfg.get("sweep", {}).get("resume")))
     if summary is None:
         summary = train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
     if rank_zero_only.rank == 0:  # under DDP every process runs this script; one prints

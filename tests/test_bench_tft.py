@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from foxhunt.memory import PART_NAMES
 from tests.helpers import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "bench_tft.py"
@@ -65,5 +66,6 @@ def test_bench_script_ours_only_ends_with_json() -> None:
     for key in OURS_KEYS - {"peak_breakdown_mib"}:
         assert ours[key] > 0, key
     breakdown = ours["peak_breakdown_mib"]
-    assert breakdown["parameters"] > 0 and breakdown["optimizer state"] > 0
+    assert list(breakdown) == list(PART_NAMES)  # the parts the memory estimator names
+    assert breakdown["parameters"] > 0 and breakdown["optimizer_state"] > 0
     assert sum(breakdown.values()) == pytest.approx(ours["peak_mib"], rel=1e-6)

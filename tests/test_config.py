@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+from dataclasses import fields
+
+import lightning as L
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from foxhunt.config import validate
+from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, validate
 from foxhunt.errors import ConfigError
+from foxhunt.train import make_callbacks, make_logger, make_trainer
+from foxhunt.training.checkpointing import BestCheckpoint
 from tests.helpers import compose_train
 
 
@@ -26,10 +33,71 @@ from tests.helpers import compose_train
         ["data=parquet", "data.path=/tmp/x.parquet", "data.target=close"],
     ],
 )
-def test_groups_compose_and_validate(overrides):
+def test_groups_compose_and_validate(overrides, tmp_path):
     cfg = compose_train(*overrides)
     validate(cfg)
     assert OmegaConf.to_container(cfg, resolve=True)["trainer"]["max_epochs"] > 0
+    # and Hydra builds their objects (before any data is read)
+    callbacks = make_callbacks(cfg.callbacks, tmp_path / "checkpoints")
+    assert [type(c) for c in callbacks] == [BestCheckpoint]  # early stopping: no patience
+    assert callbacks[0].dirpath == str(tmp_path / "checkpoints")
+    if cfg.logger.name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(ConfigError, match="invalid logger setting: .*tensorboard"):
+            make_logger(cfg.logger, tmp_path, resumed_in_place=False)
+        return
+    logger = make_logger(cfg.logger, tmp_path, resumed_in_place=False)
+    trainer = make_trainer(cfg.trainer, logger=logger, callbacks=callbacks)
+    assert trainer.max_epochs == cfg.trainer.max_epochs
+    assert trainer.gradient_clip_val is None  # foxhunt's step clips, not Lightning
+
+
+def test_trainer_schema_has_every_trainer_argument_but_those_foxhunt_sets():
+    arguments = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+    assert {f.name for f in fields(TrainerConfig)} == arguments - set(SET_BY_FOXHUNT) | {"_target_"}
+
+
+def test_any_trainer_argument_composes_and_a_misspelled_one_does_not():
+    cfg = compose_train("trainer.num_sanity_val_steps=0", "trainer.check_val_every_n_epoch=2")
+    assert (cfg.trainer.num_sanity_val_steps, cfg.trainer.check_val_every_n_epoch) == (0, 2)
+    for wrong in ("trainer.max_epoch=2", "trainer.max_epochs=abc", "trainer.precision=16"):
+        with pytest.raises(ConfigCompositionException):
+            compose_train(wrong)
+
+
+def test_early_stopping_patience_adds_early_stopping(tmp_path):
+    cfg = compose_train("callbacks.early_stopping_patience=3", "callbacks.monitor=test_loss")
+    best, stop = make_callbacks(cfg.callbacks, tmp_path)
+    assert (best.monitor, stop.monitor, stop.patience) == ("test_loss", "test_loss", 3)
+
+
+@pytest.mark.parametrize(
+    "override, allowed",
+    [
+        ("data.nan_policy=zero", "[error, ffill, drop]"),
+        ("data.target_kind=up", "[auto, return, level]"),
+        ("data.time_unit=min", "[s, ms, us, ns]"),
+        ("optim.schedule=linear", "[cosine, onecycle, none]"),
+        ("precision.name=fp8", "[fp32, bf16, int8]"),
+        ("precision.backend=tensorrt", "[torch.ao, torchao]"),
+        ("memory.device=tpu", "[auto, cpu, cuda]"),
+        ("resume=latest", "[auto, auto_or_new]"),
+        ("optimized_metric=accuracy", "[val_loss, test_loss, test_mae,"),
+    ],
+)
+def test_a_value_outside_its_set_fails_at_composition(override, allowed):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_train(override)
+    assert f"expected one of {allowed}" in str(info.value.__cause__)
+
+
+def test_enum_values_are_their_strings():
+    cfg = compose_train("data.nan_policy=ffill", "data.target_kind=return", "precision=int8")
+    d = cfg.data
+    assert d.nan_policy == "ffill" and f"{d.nan_policy}" == "ffill" and d.target_kind == "return"
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    kinds = (plain["data"]["nan_policy"], plain["precision"]["backend"], plain["optim"]["schedule"])
+    assert kinds == ("ffill", "torch.ao", "cosine")
+    assert all(type(v) is str for v in kinds)  # a checkpoint's hyperparameters take no Enum
 
 
 def test_tft_base_is_the_seed_size():
@@ -55,12 +123,11 @@ def test_unknown_key_fails_at_composition():
         ("model.quantiles=[0.9,0.5]", "strictly increasing"),
         ("model.quantiles=[0.5,1.0]", "strictly increasing"),
         ("data.encoder_length=0", "data.encoder_length must be positive"),
-        ("data.nan_policy=zero", "data.nan_policy must be error, ffill or drop"),
         ("data.val_fraction=0.9", "sum to less than 1"),
         ("memory.val_batch_size=big", "memory.val_batch_size must be a positive number"),
         ("memory.oom_backoff.factor=1", "memory.oom_backoff.factor must be > 1"),
-        ("precision.backend=tensorrt", "precision.backend must be torch.ao or torchao"),
-        ("precision.name=fp8", "precision.name must be fp32, bf16 or int8"),
+        ("trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches=2 does not work"),
+        ("trainer.gradient_clip_algorithm=value", "its step clips the gradient norm"),
     ],
 )
 def test_semantic_checks(override, message):

@@ -16,7 +16,18 @@ LAYERS = [
     {"quantization"},
     {"training"},
     {"memory"},
-    {"interpret", "report", "predict", "train", "sweep", "cli", "rundir", ""},  # the app layer
+    {  # the app layer
+        "interpret",
+        "report",
+        "predict",
+        "predict_cli",
+        "inference",
+        "train",
+        "sweep",
+        "cli",
+        "rundir",
+        "",
+    },
 ]
 LAYER = {package: n for n, packages in enumerate(LAYERS) for package in packages}
 

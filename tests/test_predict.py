@@ -19,9 +19,10 @@ from omegaconf import OmegaConf
 
 import foxhunt
 from foxhunt import cli
-from foxhunt.data.datamodule import DataSchema
 from foxhunt.data.features import derive_features
-from foxhunt.data.loading import Future, Series
+from foxhunt.data.future import Future
+from foxhunt.data.read import Series
+from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
 from foxhunt.predict import _future_steps, build_windows
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config import register_configs
 from foxhunt.errors import FoxhuntError, WriteError
@@ -19,6 +21,11 @@ from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2
 _task_started = False
+# Hydra prints a config it cannot compose (a wrong override) over several lines and exits 1;
+# with HYDRA_FULL_ERROR=1 it raises the error instead, which run() prints as one line. This
+# variable says foxhunt set it, not the user; the task unsets both (its own errors are
+# reported as before). Environment variables, so that joblib's worker processes know too.
+_SET_BY_FOXHUNT = "FOXHUNT_SET_HYDRA_FULL_ERROR"
 
 
 def task(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -29,6 +36,8 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         global _task_started
         _task_started = True
+        if os.environ.pop(_SET_BY_FOXHUNT, None):
+            del os.environ["HYDRA_FULL_ERROR"]
         try:
             return fn(*args, **kwargs)
         except FoxhuntError as exc:
@@ -114,17 +123,35 @@ def resume_sweep(argv: list[str], root: Path = Path("multirun")) -> list[str]:
     return [*argv, f"hydra.sweep.dir={sweep_dir}"]
 
 
+def _one_line(exc: Exception) -> str:
+    """Hydra's composition error, with the OmegaConf error under it (which names the key and
+    what it accepts), as one line."""
+    cause = exc.__cause__
+    if not isinstance(cause, OmegaConfBaseException):  # a missing option lists those there are
+        return " ".join(str(exc).split("Config search path")[0].split())
+    head = str(exc).splitlines()[0].rstrip(".")
+    return f"{head}: {str(cause).splitlines()[0]} (full_key: {cause.full_key})"
+
+
 def run(hydra_main: Callable[[], Any]) -> None:
-    """Call a `@hydra.main` function. Hydra exits 1 when an override is invalid, before any
-    task starts; that is the user's error too, so it exits 2 like the others."""
+    """Call a `@hydra.main` function. A config Hydra cannot compose (an unknown key, a value of
+    the wrong type or outside an enum) is the user's error: one line, exit 2, before any task
+    starts."""
     register_configs()
     try:
         sys.argv[1:] = resume_sweep(sys.argv[1:])
     except FoxhuntError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        os.environ |= {"HYDRA_FULL_ERROR": "1", _SET_BY_FOXHUNT: "1"}
     try:
         hydra_main()
+    except (HydraException, OmegaConfBaseException) as exc:
+        if _task_started or not os.environ.get(_SET_BY_FOXHUNT):
+            raise  # the user's HYDRA_FULL_ERROR=1: the traceback
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     except SystemExit as exc:
         if exc.code == 1 and not _task_started:
             sys.exit(EXIT_USER_ERROR)

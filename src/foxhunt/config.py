@@ -4,14 +4,44 @@ composition, before any data is read."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, make_dataclass
+from enum import StrEnum
 from typing import Any
 
+import lightning as L
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from foxhunt.errors import ConfigError
+
+# The closed sets of string values. A value outside one fails at composition, naming the
+# allowed ones. StrEnum: each member is its string (`cfg.nan_policy == "ffill"` holds, f-strings
+# print the value); the member names equal the values, so `OmegaConf.to_container(...,
+# enum_to_str=True)` gives back what the user wrote. Checkpoints and summary.json take only
+# such plain strings (an Enum object in a checkpoint would not load weights-only).
+TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
+TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
+NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
+Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
+PrecisionName = StrEnum("PrecisionName", ["fp32", "bf16", "int8"])
+QatBackend = StrEnum("QatBackend", ["torch.ao", "torchao"])
+Device = StrEnum("Device", ["auto", "cpu", "cuda"])
+Resume = StrEnum("Resume", ["auto", "auto_or_new"])
+# what a run reports (summary.json's metrics) and a sweeper may optimise
+Metric = StrEnum(
+    "Metric",
+    [
+        "val_loss",
+        "test_loss",
+        "test_mae",
+        "test_directional_accuracy",
+        "test_coverage",
+        "baseline_test_loss",
+    ],
+)
 
 
 @dataclass
@@ -38,13 +68,13 @@ class OhlcvConfig:
 class DataConfig:
     path: str = MISSING
     time_column: str = "timestamp"
-    # s | ms | us | ns: the unit of an integer time column (required for one; a Parquet
-    # timestamp column carries its own unit)
-    time_unit: str | None = None
+    # the unit of an integer time column (required for one; a Parquet timestamp column
+    # carries its own unit)
+    time_unit: TimeUnit | None = None
     group_column: str | None = None
     # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
     target: str | None = None
-    target_kind: str = "auto"  # auto | return | level (naive baseline: zero return / last value)
+    target_kind: TargetKind = TargetKind.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
     known_features: list[str] = field(default_factory=list)
     static_features: list[str] = field(default_factory=list)
@@ -55,7 +85,7 @@ class DataConfig:
     test_fraction: float = 0.15
     batch_size: int = 64
     num_workers: int = 0
-    nan_policy: str = "error"  # error | ffill | drop
+    nan_policy: NanPolicy = NanPolicy.error
     generate_if_missing: bool = False  # the bundled sample is generated on first use
     # auto | true | false: read one instrument at a time into a disk-backed window store
     # (foxhunt.data.store); auto when the in-memory path would need over half the free memory
@@ -80,7 +110,7 @@ class ModelConfig:
 class OptimConfig:
     lr: float = 1e-3
     weight_decay: float = 1e-2
-    schedule: str = "cosine"  # cosine (linear warm-up then cosine) | onecycle | none
+    schedule: Schedule = Schedule.cosine
     warmup_fraction: float = 0.05
     # the schedule's length in epochs; None: trainer.max_epochs. Set it to stop early and
     # resume later on the same schedule (train 2 of 4 epochs, resume to 4 = 4 straight).
@@ -89,39 +119,47 @@ class OptimConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"  # fp32 | bf16 | int8
+    name: PrecisionName = PrecisionName.fp32
     trainer_precision: str = "32-true"  # Lightning's precision flag
-    backend: str = "torch.ao"  # int8: the quantization-aware training backend
+    backend: QatBackend = QatBackend["torch.ao"]  # int8: the quantization-aware training backend
     qat_start_epoch: int = 0  # int8: train in float before this epoch, fake-quantized from it
     observer_epochs: int = 1  # int8: epochs from qat_start_epoch during which ranges are observed
 
 
-@dataclass
-class TrainerConfig:
-    max_epochs: int = 3
-    accelerator: str = "auto"
-    devices: Any = "auto"  # with strategy=ddp: processes per node (trainer=ddp trainer.devices=N)
-    strategy: str = "auto"  # auto | ddp (conf/trainer/ddp.yaml) | another Lightning strategy name
-    gradient_clip_val: float | None = 1.0
-    log_every_n_steps: int = 50
-    limit_train_batches: Any = None  # None = all batches (Lightning's default)
-    limit_val_batches: Any = None  # None = all batches (Lightning's default)
-    limit_test_batches: Any = None  # None = all batches (Lightning's default)
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    deterministic: bool = False
+# Trainer arguments foxhunt sets itself: from precision=, logger= and callbacks=, its checkpoint
+# IO, and the run directory
+SET_BY_FOXHUNT = ("precision", "logger", "callbacks", "plugins", "default_root_dir")
 
 
-@dataclass
-class LoggerConfig:
-    name: str = "csv"  # csv | tensorboard
+def _trainer_field(param: inspect.Parameter, hint: Any) -> tuple[str, Any, Any]:
+    """A field of TrainerConfig: the argument's own type where it is one plain type or
+    Optional of one (max_epochs: int | None), checked at composition; Any for the rest (unions,
+    Literal flags, Lightning objects), which lightning.Trainer checks when it is built.
+    (OmegaConf 2.3 also fails to merge union fields of a nested dataclass.)"""
+    types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    if len(types) != 1 or types[0] not in (int, float, bool, str):
+        hint = Any
+    return param.name, hint, field(default=param.default)
 
 
-@dataclass
-class CallbacksConfig:
-    monitor: str = "val_loss"
-    save_top_k: int = 1
-    early_stopping_patience: int | None = None
+def _trainer_config() -> type:
+    """The trainer group's schema: every argument of `lightning.Trainer` (its defaults) but
+    those foxhunt sets, so any of them is a `trainer.<arg>=` override and a misspelled one
+    fails at composition."""
+    hints = typing.get_type_hints(L.Trainer.__init__)
+    params = inspect.signature(L.Trainer.__init__).parameters.values()
+    fields = [
+        _trainer_field(p, hints[p.name])
+        for p in params
+        if p.name != "self" and p.name not in SET_BY_FOXHUNT
+    ]
+    # gradient_clip_val stays a Trainer argument here; the module clips (see train.make_trainer)
+    return make_dataclass(
+        "TrainerConfig", [("_target_", str, field(default="lightning.Trainer")), *fields]
+    )
+
+
+TrainerConfig = _trainer_config()
 
 
 @dataclass
@@ -151,7 +189,7 @@ class MemoryConfig:
     budget_mb: float | None = None  # act as if the device had only this much; None = all of it
     safety_margin_mb: float = 256.0  # kept free of the budget
     val_batch_size: Any = None  # a number, null (= the training batch size) or auto (searched)
-    device: str = "auto"  # auto | cpu | cuda: the device to plan for
+    device: Device = Device.auto  # the device to plan for
     batch_size_search: BatchSizeSearchConfig = field(default_factory=BatchSizeSearchConfig)
     oom_backoff: OomBackoffConfig = field(default_factory=OomBackoffConfig)
     release_optimizer_state: bool = False  # move it off the device during validation
@@ -171,14 +209,15 @@ class TrainConfig:
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    logger: LoggerConfig = MISSING
-    callbacks: CallbacksConfig = MISSING
+    trainer: TrainerConfig = MISSING  # type: ignore[valid-type]
+    # `_target_` nodes built by hydra.utils.instantiate, their arguments checked when built
+    logger: dict[str, Any] = MISSING
+    callbacks: dict[str, Any] = MISSING
     memory: MemoryConfig = MISSING
     seed: int = 42
     ckpt_path: str | None = None
-    resume: str | None = None  # auto | auto_or_new: the newest last.ckpt of this experiment
-    optimized_metric: str = "val_loss"  # what train.py returns to a Hydra sweeper
+    resume: Resume | None = None  # the newest last.ckpt of this experiment (or_new: or fresh)
+    optimized_metric: Metric = Metric.val_loss  # what train.py returns to a Hydra sweeper
     report: bool = True  # report.md, interpretation.json and plots in the run directory
 
 
@@ -228,18 +267,6 @@ def validate(cfg: Any) -> None:
         "data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1, "
         f"got {d.val_fraction} and {d.test_fraction}",
     )
-    _check(
-        d.nan_policy in ("error", "ffill", "drop"),
-        f"data.nan_policy must be error, ffill or drop, got {d.nan_policy!r}",
-    )
-    _check(
-        d.time_unit in (None, "s", "ms", "us", "ns"),
-        f"data.time_unit must be s, ms, us, ns or null, got {d.time_unit!r}",
-    )
-    _check(
-        d.target_kind in ("auto", "return", "level"),
-        f"data.target_kind must be auto, return or level, got {d.target_kind!r}",
-    )
     features = d.features
     _check(
         features in ("all", "ohlcv") or (not isinstance(features, str) and len(features) > 0),
@@ -249,20 +276,8 @@ def validate(cfg: Any) -> None:
         features == "ohlcv" or d.target is not None,
         "data.target is required unless data.features=ohlcv",
     )
-    _check(
-        o.schedule in ("cosine", "onecycle", "none"),
-        f"optim.schedule must be cosine, onecycle or none, got {o.schedule!r}",
-    )
     _check(o.lr > 0, f"optim.lr must be positive, got {o.lr}")
-    _check(
-        cfg.logger.name in ("csv", "tensorboard"),
-        f"logger.name must be csv or tensorboard, got {cfg.logger.name!r}",
-    )
     mem = cfg.memory
-    _check(
-        mem.device in ("auto", "cpu", "cuda"),
-        f"memory.device must be auto, cpu or cuda, got {mem.device!r}",
-    )
     _check(
         mem.budget_mb is None or mem.budget_mb > 0,
         f"memory.budget_mb must be positive, got {mem.budget_mb}",
@@ -287,15 +302,22 @@ def validate(cfg: Any) -> None:
         f"memory.safety_margin_mb={mem.safety_margin_mb} leaves nothing of "
         f"memory.budget_mb={mem.budget_mb}",
     )
+    t = cfg.trainer
+    # TFTModule optimizes manually (its step splits a batch that does not fit): Lightning then
+    # refuses gradient accumulation, but only inside fit(), once the data is read
+    _check(
+        t.accumulate_grad_batches == 1,
+        f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} does not work with "
+        "foxhunt's manual optimization (Lightning refuses it); raise data.batch_size instead "
+        "(memory.oom_backoff splits a batch that does not fit into micro-batches)",
+    )
+    _check(
+        t.gradient_clip_algorithm in (None, "norm"),
+        f"trainer.gradient_clip_algorithm={t.gradient_clip_algorithm} does not work with "
+        "foxhunt's manual optimization; its step clips the gradient norm to "
+        "trainer.gradient_clip_val",
+    )
     p = cfg.precision
-    _check(
-        p.name in ("fp32", "bf16", "int8"),
-        f"precision.name must be fp32, bf16 or int8, got {p.name!r}",
-    )
-    _check(
-        p.backend in ("torch.ao", "torchao"),
-        f"precision.backend must be torch.ao or torchao, got {p.backend!r}",
-    )
     if p.name == "int8" and p.backend == "torchao":
         _check(
             importlib.util.find_spec("torchao") is not None,

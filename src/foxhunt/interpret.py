@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
 from foxhunt.config import DataConfig
-from foxhunt.data.datamodule import DataSchema, ParquetDataModule
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import check_writable, write_json
+from foxhunt.inference import run_device, training_data_config
 from foxhunt.quantization import set_qat_phase
 from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
 
@@ -360,34 +362,6 @@ def _plot_fan(
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
     fig.suptitle(f"Forecasts on the test split: {schema.target}{unit}")
     fig.savefig(path, dpi=100)
-
-
-def run_device(name: str, key: str = "device") -> torch.device:
-    """The device to run a model on: `auto` is cuda when one is present; `key` names the
-    setting in the error. (The memory estimator's memory.device may plan for a CUDA device
-    this machine lacks; running on one cannot.)"""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ConfigError(f"{key} must be auto, cpu or cuda, got {name!r}")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"{key}={name} but no CUDA device is available")
-    return torch.device(name)
-
-
-def training_data_config(ckpt_path: Path) -> DictConfig | None:
-    """The data config of the run that wrote the checkpoint (<run>/checkpoints/x.ckpt beside
-    <run>/.hydra/config.yaml), if it is there."""
-    saved = ckpt_path.parent.parent / ".hydra" / "config.yaml"
-    if not saved.is_file():
-        return None
-    data = OmegaConf.load(saved).get("data")
-    if not isinstance(data, DictConfig):
-        return None
-    log.info("data: the training run's config (%s)", saved.parent)
-    # onto today's defaults: a run made before a data key existed lacks it
-    known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), known)
 
 
 def interpret_checkpoint(

@@ -1,7 +1,8 @@
 """Forecasts from a trained TFT on new bars, in the target's own units.
 
-`python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`, or in Python
-`foxhunt.load(path).predict(table_or_path)`. The model is a checkpoint (.ckpt, run in float32)
+In Python `foxhunt.load(path).predict(table_or_path)`; on the command line
+`python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`
+(`foxhunt.predict_cli`). The model is a checkpoint (.ckpt, run in float32)
 or an export (`model_fp32.safetensors`; `model_int8.safetensors` on CPU). Its schema fixes the
 columns, the normalization and the window lengths; the data config (column names,
 features=ohlcv, NaN policy) is that of the checkpoint's training run, with any changes given on
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +31,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
-from foxhunt.data.datamodule import DataSchema, WindowDataset, window_tensors
+from foxhunt.data.columns import OHLCV_TARGET
+from foxhunt.data.datamodule import WindowDataset, window_tensors
 from foxhunt.data.features import KNOWN_CALENDAR
-from foxhunt.data.loading import (
-    OHLCV_TARGET,
-    Future,
-    Series,
-    known_at,
-    load_table,
-    open_dataset,
-    split_future,
-)
-from foxhunt.data.store import normalized_statics
+from foxhunt.data.future import Future, known_at, split_future
+from foxhunt.data.read import Series, load_table
+from foxhunt.data.schema import DataSchema
+from foxhunt.data.source import open_dataset
+from foxhunt.data.splits import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
-from foxhunt.files import check_writable, read_export, write_atomic
-from foxhunt.interpret import run_device, training_data_config
+from foxhunt.files import read_export
+from foxhunt.inference import run_device, training_data_config
 from foxhunt.quantization import set_qat_phase
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
 from foxhunt.training.checkpoint_io import load_module, load_weights, read_checkpoint
@@ -58,30 +54,6 @@ MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory i
 CPU_MEMORY_SHARE = 0.5  # of the available RAM that a CPU prediction plans for
 MODEL_INPUTS = ("encoder_cont", "decoder_known", "static_cat", "static_real")
 MODEL_KEYS = ("hidden_dim", "num_heads", "lstm_layers", "dropout", "variable_dim", "quantiles")
-
-
-@dataclass
-class PredictOptions:
-    all_windows: bool = False  # every complete window, not only each instrument's latest
-    batch_size: int | None = None  # None: the largest the memory estimator fits on the device
-    device: str = "auto"  # auto (cuda when available) | cpu | cuda
-    out: str | None = None  # None: the run directory; a directory gets predictions.parquet
-    overwrite: bool = False  # replace an existing predict.out file (never the input data)
-    preview_rows: int = 8
-
-
-@dataclass
-class PredictConfig:
-    """conf/predict.yaml: `python scripts/predict.py ckpt_path=/abs/x.ckpt [data...]`."""
-
-    data: DataConfig = MISSING
-    ckpt_path: str | None = None
-    predict: PredictOptions = field(default_factory=PredictOptions)
-
-
-def register_config() -> None:
-    """Register the predict schema so conf/predict.yaml is type-checked at composition."""
-    ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
 
 
 def quantile_column(q: float) -> str:
@@ -499,85 +471,3 @@ def _output(
         "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
     }
     return pa.table(columns)
-
-
-# --- the command line ------------------------------------------------------------------------
-
-
-def data_changes(cfg: DictConfig, overrides: list[str]) -> tuple[bool, dict[str, Any]]:
-    """From the command line's overrides: whether a data option was chosen (`data=parquet`),
-    and the data keys set (`data.path=...`), with their composed values."""
-    chosen, changes = False, OmegaConf.create({})
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if key == "data":
-            chosen = True
-        elif key.startswith("data."):
-            OmegaConf.update(changes, key[5:], OmegaConf.select(cfg, key), force_add=True)
-    return chosen, OmegaConf.to_container(changes)
-
-
-def preview(table: pa.Table, rows: int) -> str:
-    """The first `rows` rows as an aligned text table."""
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return ""
-        return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-    head = [[cell(v) for v in r.values()] for r in table.slice(0, rows).to_pylist()]
-    widths = [max(len(c), *(len(r[i]) for r in head)) for i, c in enumerate(table.column_names)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in head]
-    header = "  ".join(c.rjust(w) for c, w in zip(table.column_names, widths, strict=True))
-    more = [f"... {table.num_rows - rows} more rows"] if table.num_rows > rows else []
-    return "\n".join([header, *lines, *more])
-
-
-def output_path(out: str | Path, data: str | None, overwrite: bool) -> Path:
-    """Where predict.out writes: a directory gets predictions.parquet inside it. Refused, before
-    any work: the input data (or a file inside an input directory), whatever `overwrite` says,
-    and any existing file unless `overwrite`."""
-    out = Path(out).expanduser().resolve()
-    if out.is_dir() or str(out).endswith("/"):
-        out = out / "predictions.parquet"
-    if data is not None:
-        source = Path(data).expanduser().resolve()
-        if out == source or source in out.parents:
-            raise ConfigError(f"predict.out={out} is the input data; give another path")
-    if out.is_dir():
-        raise ConfigError(f"predict.out={out} is a directory holding a predictions.parquet one")
-    if out.exists() and not overwrite:
-        raise ConfigError(
-            f"predict.out={out} exists; give another path, or predict.overwrite=true to replace it"
-        )
-    check_writable(out.parent)
-    return out
-
-
-def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """scripts/predict.py: predict, write predictions.parquet, print a preview and where."""
-    import pyarrow.parquet as pq
-
-    if not cfg.ckpt_path:
-        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
-    opts = cfg.predict
-    chosen, changes = data_changes(cfg, overrides)
-    predictor = load(
-        cfg.ckpt_path,
-        changes,
-        device=opts.device,
-        batch_size=opts.batch_size,
-        data_defaults=cfg.data if chosen else None,
-    )
-    data = None if OmegaConf.is_missing(predictor.data_cfg, "path") else predictor.data_cfg.path
-    out = output_path(opts.out or run_dir, data, opts.overwrite)
-    table = predictor.predict(all_windows=opts.all_windows)
-    write_atomic(out, lambda f: pq.write_table(table, f))
-    windows = table.num_rows // predictor.schema.prediction_length
-    instruments = len(pc.unique(table.column("instrument")))
-    print(preview(table, opts.preview_rows))
-    print(
-        f"wrote {table.num_rows} rows ({windows} windows of {instruments} instruments x "
-        f"{predictor.schema.prediction_length} steps) to {out.resolve()}"
-    )
-    return {"predictions": str(out.resolve()), "rows": table.num_rows, "windows": windows}

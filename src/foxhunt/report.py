@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.loading import open_dataset
+from foxhunt.data.source import open_dataset
 from foxhunt.interpret import PLOTS, have_matplotlib, interpret, new_figure
 from foxhunt.sweep import markdown_table
 

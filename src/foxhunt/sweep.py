@@ -68,11 +68,11 @@ def _job(job_dir: Path) -> dict[str, Any]:
     return row
 
 
-def finished_job(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
+def finished_job(job_dir: Path, sweep_resumed: bool) -> dict[str, Any] | None:
     """In a resumed sweep (`+sweep.resume=true`), the summary of a job that finished in an
     earlier attempt: it is reported again, not re-run."""
     summary = Path(job_dir) / "summary.json"
-    if not cfg.get("sweep", {}).get("resume") or not summary.is_file():
+    if not sweep_resumed or not summary.is_file():
         return None
     log.info("sweep.resume: job %s finished earlier, not re-running it", Path(job_dir).name)
     return json.loads(summary.read_text())

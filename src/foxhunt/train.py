@@ -3,30 +3,32 @@ data, the LightningModule, the memory and quantization plug-ins and the report t
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import logging
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import EarlyStopping
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save as safetensors_bytes
 from torch.nn.parallel import DistributedDataParallel
 
-from foxhunt.config import validate
-from foxhunt.data.datamodule import DataSchema, ParquetDataModule
+from foxhunt.config import Metric, validate
+from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.files import check_writable, remove_stale_temps, write_json
 from foxhunt.memory.budget import device_budget, device_total
@@ -51,36 +53,60 @@ from foxhunt.training.checkpoint_io import (
 )
 from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt, LatestCheckpoint
 from foxhunt.training.metrics import quantile_loss
-from foxhunt.training.module import TFTModule, model_init
+from foxhunt.training.module import (
+    ModelHparams,
+    OptimHparams,
+    PrecisionHparams,
+    TFTModule,
+    model_init,
+)
 
 log = logging.getLogger(__name__)
 # a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module records how far
 # the epoch got (ParquetDataModule.state_dict), which Lightning's warning does not know
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
-SUMMARY_METRICS = (
-    "val_loss",
-    "test_loss",
-    "test_mae",
-    "test_directional_accuracy",
-    "test_coverage",
-    "baseline_test_loss",
-)
+SUMMARY_METRICS = tuple(m.value for m in Metric)
 
 
-def _logger(cfg: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
+@contextmanager
+def _one_line(what: str) -> Iterator[None]:
+    """An object of the config that cannot be built (a wrong argument or value, or one its
+    class refuses) as one ConfigError line, before any data is read."""
+    try:
+        yield
+    except (InstantiationException, MisconfigurationException, ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid {what} setting: {' '.join(str(exc).split())}") from None
+
+
+def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
+    """The logger group's `_target_`, writing into the run directory."""
     # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
     # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
     version = ""
     if resumed_in_place:
-        version = f"resume-{len(list(run_dir.glob(f'{cfg.logger.name}/resume-*'))) + 1}"
-    if cfg.logger.name == "tensorboard":
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError(
-                'logger=tensorboard needs tensorboard: pip install -e ".[tensorboard]"'
-            )
-        return TensorBoardLogger(save_dir=run_dir, name="tensorboard", version=version)
-    return CSVLogger(save_dir=run_dir, name="csv", version=version)
+        earlier = run_dir.glob(f"{logger.get('name', '')}/resume-*")
+        version = f"resume-{len(list(earlier)) + 1}"
+    with _one_line("logger"):
+        return instantiate(logger, save_dir=str(run_dir), version=version)
+
+
+def make_callbacks(callbacks: DictConfig, checkpoint_dir: Path) -> list[L.Callback]:
+    """The callbacks group's `_target_` nodes, in order; a null node, or one that builds
+    nothing (early stopping without a patience), is left out."""
+    built = []
+    for node in callbacks.values():
+        if not (OmegaConf.is_dict(node) and "_target_" in node):
+            continue  # the group's own settings (monitor, save_top_k, ...)
+        with _one_line("callbacks"):
+            callback = instantiate(node, _convert_="all")
+        if callback is None:
+            continue
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+            # Lightning would save under the logger's version directory
+            callback.dirpath = str(checkpoint_dir)
+        built.append(callback)
+    return built
 
 
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
@@ -112,8 +138,6 @@ def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> P
             log.info("sweep.resume: this job was interrupted; resuming it from %s", own)
             return own
         return None
-    if cfg.resume not in ("auto", "auto_or_new"):
-        raise ConfigError(f"resume must be auto or auto_or_new, got {cfg.resume!r}")
     if cfg.ckpt_path:
         raise ConfigError("give either ckpt_path or resume, not both")
     found = find_previous_run(run_dir, overrides)
@@ -149,21 +173,6 @@ def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precis
         )
 
 
-def _checkpoints(cfg: DictConfig, dirpath: Path) -> tuple[BestCheckpoint, LatestCheckpoint]:
-    """The best checkpoints by the monitored metric, and last.ckpt: the latest state."""
-    best = BestCheckpoint(
-        dirpath=dirpath,
-        # best-epoch1-step396.ckpt: no "=" in the name, so the path can be pasted into a Hydra
-        # override (ckpt_path=...) unquoted
-        filename="best-epoch{epoch}-step{step}",
-        auto_insert_metric_name=False,
-        monitor=cfg.callbacks.monitor,
-        mode="min",
-        save_top_k=cfg.callbacks.save_top_k,
-    )
-    return best, LatestCheckpoint(dirpath)
-
-
 def train(
     cfg: DictConfig,
     run_dir: Path,
@@ -177,14 +186,15 @@ def train(
     for directory in (run_dir, run_dir / "checkpoints"):  # before any data is read
         check_writable(directory)
     remove_stale_temps(run_dir, run_dir / "checkpoints")  # of a killed earlier attempt
-    if cfg.optimized_metric not in SUMMARY_METRICS:
-        raise ConfigError(
-            f"optimized_metric must be one of {', '.join(SUMMARY_METRICS)}, "
-            f"got {cfg.optimized_metric!r}"
-        )
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
+    # plain containers for the checkpoint's hyperparameters: enums as their strings
+    model_cfg: ModelHparams = _plain(cfg.model)
+    precision_cfg: PrecisionHparams = _plain(cfg.precision)
+    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
+    optim_cfg: OptimHparams = {
+        **_plain(cfg.optim),
+        "gradient_clip_val": cfg.trainer.gradient_clip_val,
+    }
 
     ckpt_path, schema = None, None
     resume_from = resume_source(cfg, run_dir, overrides)
@@ -198,28 +208,27 @@ def train(
         schema = DataSchema.from_dict(hparams["schema"])
         _check_same_model(hparams, model_cfg, cfg.precision.name)
 
-    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    optim_cfg["gradient_clip_val"] = trainer_cfg.pop("gradient_clip_val")
-    checkpoint, latest = _checkpoints(cfg, run_dir / "checkpoints")
+    configured = make_callbacks(cfg.callbacks, run_dir / "checkpoints")
+    checkpoint = next((c for c in configured if isinstance(c, BestCheckpoint)), None)
+    if checkpoint is None:
+        raise ConfigError(
+            "callbacks needs a foxhunt.training.checkpointing.BestCheckpoint (as in "
+            "callbacks=default): the run tests and exports its best checkpoint"
+        )
+    latest = LatestCheckpoint(run_dir / "checkpoints")
     memory = memory_callbacks(cfg)
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
     interrupt = GracefulInterrupt(run_dir / "checkpoints")
-    callbacks: list[L.Callback] = [*memory, interrupt, checkpoint, latest, *extra_callbacks]
+    callbacks: list[L.Callback] = [*memory, interrupt, *configured, latest, *extra_callbacks]
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
-    if cfg.callbacks.early_stopping_patience is not None:
-        callbacks.append(
-            EarlyStopping(cfg.callbacks.monitor, patience=cfg.callbacks.early_stopping_patience)
-        )
-    trainer_cfg["strategy"] = _strategy(trainer_cfg["strategy"])
     # built before the data is read: a wrong Trainer argument is one line at the start
     trainer = make_trainer(
-        **trainer_cfg,
+        cfg.trainer,
         precision=cfg.precision.trainer_precision,
         default_root_dir=run_dir,
-        logger=_logger(cfg, run_dir, resumed_in_place),
+        logger=make_logger(cfg.logger, run_dir, resumed_in_place),
         callbacks=callbacks,
         plugins=[SafeCheckpointIO()],
     )
@@ -227,7 +236,6 @@ def train(
     datamodule.setup()
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
-    precision_cfg = OmegaConf.to_container(cfg.precision, resolve=True)
     module = TFTModule(
         model=model_cfg,
         schema=datamodule.schema.to_dict(),
@@ -285,7 +293,7 @@ def train(
             path = run_dir / "checkpoints" / "model_fp32.safetensors"
             export_weights(module.model, init, path, datamodule.schema.to_dict())
             summary["export"] = str(path)
-    summary["memory"] = memory_summary(cfg, memory, device)
+    summary["memory"] = memory_summary(cfg.memory.name, memory, device)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if trainer.is_global_zero:  # under DDP every process has the summary; one writes it
         write_json(run_dir / "summary.json", summary)
@@ -331,15 +339,15 @@ def export_and_test_int8(
     }
 
 
-def make_trainer(**kwargs: Any) -> L.Trainer:
-    """`lightning.Trainer(**kwargs)`, with a wrong argument or value as one ConfigError line."""
-    unknown = sorted(set(kwargs) - set(inspect.signature(L.Trainer.__init__).parameters))
-    if unknown:
-        raise ConfigError(f"trainer.{unknown[0]} is not an argument of lightning.Trainer")
-    try:
-        return L.Trainer(**kwargs)
-    except (ValueError, TypeError, MisconfigurationException) as exc:
-        raise ConfigError(f"invalid trainer setting: {' '.join(str(exc).split())}") from None
+def make_trainer(trainer: DictConfig, **set_by_foxhunt: Any) -> L.Trainer:
+    """The trainer group's `lightning.Trainer`, built by Hydra, with the arguments foxhunt
+    sets itself (precision, logger, callbacks, plugins, the run directory); a value Lightning
+    refuses is one ConfigError line."""
+    with _one_line("trainer"):
+        build: Callable[..., L.Trainer] = instantiate(trainer, _partial_=True, _convert_="all")
+        # the module's step clips to gradient_clip_val itself (Lightning refuses clipping with
+        # manual optimization)
+        return build(gradient_clip_val=None, strategy=_strategy(trainer.strategy), **set_by_foxhunt)
 
 
 def _strategy(name: str) -> str | Strategy:
@@ -409,9 +417,9 @@ def _oom_is_a_user_error(cfg: DictConfig) -> Iterator[None]:
     ) from None
 
 
-def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.device) -> dict:
+def memory_summary(policy: str, callbacks: list[L.Callback], device: torch.device) -> dict:
     """What the memory policy did: sizes, backoffs, released state, the [MEMORY] lines."""
-    out: dict[str, Any] = {"policy": cfg.memory.name, "device": str(device)}
+    out: dict[str, Any] = {"policy": policy, "device": str(device)}
     for cb in callbacks:
         if isinstance(cb, BatchSizeSearch):
             out["searched_batch_size"] = cb.batch_size
@@ -426,6 +434,12 @@ def memory_summary(cfg: DictConfig, callbacks: list[L.Callback], device: torch.d
             out["log"] = cb.lines
             out["peak_mb"] = cb.peak_mb
     return out
+
+
+def _plain(node: DictConfig) -> Any:
+    """A config group as plain containers, its enums as their strings (what a checkpoint's
+    weights-only loading accepts)."""
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 def _float(x: torch.Tensor | None) -> float | None:

@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.config import validate
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.loading import TIME_UNITS, load_table
-from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.data.read import TIME_UNITS, load_table
+from foxhunt.errors import CheckpointError, DataError
 from foxhunt.report import _data_section
-from tests.helpers import compose_train, make_table, ohlcv_cfg, with_, write_table
+from tests.helpers import make_table, ohlcv_cfg, with_, write_table
 
 
 def setup(cfg) -> ParquetDataModule:
@@ -276,11 +275,6 @@ def test_predict_reads_integer_times_by_the_unit_too(tmp_path, es_sample, data_c
     want = load_table(pq.read_table(es_sample), cfg).series
     for a, b in zip(got, want, strict=True):
         assert np.array_equal(a.time_ns, b.time_ns) and np.array_equal(a.known, b.known)
-
-
-def test_time_unit_is_checked_at_composition():
-    with pytest.raises(ConfigError, match="data.time_unit must be s, ms, us, ns or null, got 'm'"):
-        validate(compose_train("data.time_unit=m"))
 
 
 def test_times_beyond_the_nanosecond_range(tmp_path, data_cfg):

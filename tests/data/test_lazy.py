@@ -13,7 +13,7 @@ import torch
 
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.store import Moments, mean_std
+from foxhunt.data.splits import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from tests.helpers import compose_train, make_table, ohlcv_cfg, with_, write_table
 

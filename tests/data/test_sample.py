@@ -9,10 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from foxhunt.data import datamodule as datamodule_module
 from foxhunt.data import sample as sample_module
-from foxhunt.data.datamodule import ParquetDataModule, describe, ensure_sample
+from foxhunt.data import source as source_module
+from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
+from foxhunt.data.schema import describe
+from foxhunt.data.source import ensure_sample
 from foxhunt.errors import DataError
 from tests.helpers import compose_train, with_
 
@@ -194,7 +196,7 @@ def test_a_killed_generation_leaves_no_half_file(tmp_path, monkeypatch):
 def test_generated_only_at_its_own_path(tmp_path, monkeypatch, data_cfg):
     monkeypatch.chdir(tmp_path)
     made = []
-    monkeypatch.setattr(datamodule_module, "make_es_sample", lambda p: made.append(str(p)))
+    monkeypatch.setattr(source_module, "make_es_sample", lambda p: made.append(str(p)))
     for same in (SAMPLE_PATH, tmp_path / SAMPLE_PATH, "data/../data/ES_FUT_small.parquet"):
         ensure_sample(same)
     assert made == [SAMPLE_PATH, str(tmp_path / SAMPLE_PATH), "data/../data/ES_FUT_small.parquet"]

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from foxhunt.errors import FoxhuntError
-from foxhunt.memory import estimate
+from foxhunt.memory import MB, estimate
 from foxhunt.memory.budget import LiveTensorBytes, live_tensors
-from foxhunt.memory.estimator import MB
 from foxhunt.train import train
 from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 

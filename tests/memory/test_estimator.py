@@ -6,16 +6,25 @@ import json
 import subprocess
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from foxhunt.config import validate
-from foxhunt.data.datamodule import describe
+from foxhunt.data.schema import describe
 from foxhunt.errors import ConfigError
-from foxhunt.memory import estimate, max_batch_size, measure, onednn_lstm_workspace_bytes
-from foxhunt.memory.estimator import MB, PART_NAMES, resolve_device
+from foxhunt.memory import (
+    MB,
+    PART_NAMES,
+    estimate,
+    max_batch_size,
+    measure,
+    onednn_lstm_workspace_bytes,
+)
+from foxhunt.memory.budget import live_tensors
+from foxhunt.memory.estimator import resolve_device
 from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
+from foxhunt.train import train
 from foxhunt.training.module import build_model
 from tests.helpers import compose_train, run_cli
 
@@ -65,6 +74,59 @@ def test_estimate_matches_a_real_cpu_step(es_sample, overrides, batch_size):
         assert step.allocated / MB == pytest.approx(measured, rel=0.10), kind
 
 
+class _StepPeaks(L.Callback):
+    """The live-tensor peak of each training step of a run: reset as it starts, read as it ends."""
+
+    def __init__(self) -> None:
+        self.peaks: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        live_tensors().reset_peak()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.peaks.append(live_tensors().peak)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param((), id="tft_small"),
+        pytest.param(("model=tft_base", "data.ohlcv.num_features=225"), id="tft_base-225"),
+    ],
+)
+def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model):
+    """The estimate against the steps of a real run (train.py's path: Trainer, TFTModule,
+    ParquetDataModule, the memory callbacks), counted by the run's own live-tensor counter.
+
+    What such a run holds beyond the traced step, measured: each batch's `index` (8 bytes a
+    window), a few logged scalars and the epoch's shuffled window order (8 bytes a training
+    window, 17 KB here). That order is data-pipeline memory growing with the dataset, not the
+    batch; the estimator plans from the schema without counting windows and leaves it out
+    (-0.11% at tft_small). No prefetched batch (Lightning prefetches only from loaders without a
+    length), and no previous gradients at the peak (the step sets them to None first)."""
+    cfg = small(
+        es_sample,
+        *model,
+        "data.encoder_length=16",
+        "data.batch_size=8",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "report=false",
+        "memory.device=cpu",
+        "memory.budget_mb=1000000",  # never met: a budget switches the live-tensor counter on
+    )
+    est = estimate(cfg)
+    steps = _StepPeaks()
+    train(cfg, tmp_path / "run", extra_callbacks=[steps])
+    real = max(steps.peaks[1:])  # from the second step on, the optimizer state exists
+    assert est.train.allocated == pytest.approx(real, rel=0.01)
+
+
 def test_parts_add_up_and_parameter_bytes_are_the_models(es_sample):
     cfg = small(es_sample)
     est = estimate(cfg, 8, device="cpu")
@@ -108,11 +170,10 @@ def test_budget_below_batch_one_names_what_it_needs(es_sample):
         max_batch_size(cfg, 5, margin_mb=0, device="cpu")
 
 
-def test_unknown_device_is_a_clear_error(es_sample):
+def test_unknown_device_is_a_clear_error():
+    # (in a config, memory.device=tpu fails at composition: tests/test_config.py)
     with pytest.raises(ConfigError, match="memory.device must be auto, cpu or cuda, got 'tpu'"):
         resolve_device("tpu")
-    with pytest.raises(ConfigError, match="memory.device"):
-        validate(small(es_sample, "memory.device=tpu"))
 
 
 def run_estimate(*args: str, cwd: Path) -> subprocess.CompletedProcess:

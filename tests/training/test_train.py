@@ -13,6 +13,7 @@ import torch
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.train import SUMMARY_METRICS, train
+from foxhunt.training.checkpoint_io import read_checkpoint_hparams
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
 from tests.helpers import compose_train, run_cli, tiny_overrides
@@ -98,6 +99,67 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, table_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: data file not found: {tmp_path / 'missing.parquet'}"
     )
+    assert "Traceback" not in result.stderr
+
+
+def test_trainer_and_callback_arguments_are_passed_through(tmp_path, table_path):
+    overrides = tiny_overrides(
+        table_path,
+        "trainer.check_val_every_n_epoch=2",  # any lightning.Trainer argument
+        "+callbacks.lr_monitor._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+        "data.target_kind=level",
+    )
+    summary = train(compose_train(*overrides), tmp_path / "run")
+    # the config's enums reach the checkpoint as plain strings: it loads weights-only
+    _, hparams, _ = read_checkpoint_hparams(summary["best_checkpoint"])
+    assert type(hparams["schema"]["target_kind"]) is str
+    assert type(hparams["optim"]["schedule"]) is str
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sum(bool(r["val_loss"]) for r in rows) == 1  # validated after epoch 2 only
+    assert any(r.get("lr-AdamW") for r in rows)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "trainer.max_epoch=2",
+            "error: Could not override 'trainer.max_epoch': Key 'max_epoch' not in "
+            "'TrainerConfig' (full_key: trainer.max_epoch)",
+        ),
+        (
+            "data.nan_policy=zero",
+            "error: Error merging override data.nan_policy=zero: Invalid value 'zero', "
+            "expected one of [error, ffill, drop] (full_key: data.nan_policy)",
+        ),
+    ],
+)
+def test_cli_wrong_override_is_one_line_at_composition(tmp_path, override, message):
+    result = run_cli(override, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "outputs").exists()  # refused before the run directory
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "trainer.accumulate_grad_batches=2",
+            "error: trainer.accumulate_grad_batches=2 does not work with foxhunt's manual "
+            "optimization (Lightning refuses it)",
+        ),
+        ("trainer.devices=foo", "error: invalid trainer setting: `devices` selected with"),
+    ],
+)
+def test_cli_trainer_setting_lightning_refuses_is_one_line_before_the_data(
+    tmp_path, override, message
+):
+    missing = tmp_path / "missing.parquet"  # never read: the trainer is refused first
+    result = run_cli(*tiny_overrides(missing, override), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in result.stderr
 
 

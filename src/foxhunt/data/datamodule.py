@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,102 +15,21 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from foxhunt.data.loading import (
-    Loaded,
-    column_plan,
-    group_names,
-    load,
-    open_dataset,
-)
-from foxhunt.data.sample import SAMPLE_PATH, make_es_sample
-from foxhunt.data.store import (
+from foxhunt.data.read import Loaded, load
+from foxhunt.data.schema import DataSchema
+from foxhunt.data.source import ensure_sample
+from foxhunt.data.splits import (
     SPLITS,
     as_float32,
     check_normalized,
     mean_std,
     normalized_statics,
-    open_store,
     split_starts,
-    wants_lazy,
 )
-from foxhunt.errors import CheckpointError, DataError
+from foxhunt.data.store import open_store, wants_lazy
+from foxhunt.errors import DataError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DataSchema:
-    """What a model needs to know about its data; stored in every checkpoint."""
-
-    observed: list[str]  # observed-only inputs; the target's history is added in front
-    known: list[str]  # known-future inputs
-    static: list[str]  # static real inputs
-    groups: list[str]  # instrument vocabulary (static categorical); [] for one unnamed series
-    target: str
-    target_kind: str  # return | level
-    encoder_length: int
-    prediction_length: int
-    # normalization, from the training split (empty until the data module computes it)
-    input_mean: list[float] = field(default_factory=list)  # per encoder column
-    input_std: list[float] = field(default_factory=list)
-    static_mean: list[float] = field(default_factory=list)
-    static_std: list[float] = field(default_factory=list)
-    # the columns data.features=all left out, with their type (the run report lists them)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def encoder_columns(self) -> list[str]:
-        return [self.target, *self.observed, *self.known]
-
-    @property
-    def num_features(self) -> int:
-        """Input features taken from the data, the target's own history not counted."""
-        return len(self.observed) + len(self.known) + len(self.static)
-
-    @property
-    def target_center(self) -> float:
-        return self.input_mean[0]
-
-    @property
-    def target_scale(self) -> float:
-        return self.input_std[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DataSchema:
-        return cls(**d)
-
-    def check_matches(self, other: DataSchema) -> None:
-        """Raise CheckpointError naming how `other` (the data) differs from this schema."""
-        mine = [*self.observed, *self.known, *self.static]
-        theirs = [*other.observed, *other.known, *other.static]
-        missing = [c for c in mine if c not in theirs]
-        extra = [c for c in theirs if c not in mine]
-        if missing or extra:
-            raise CheckpointError(
-                f"the checkpoint was trained on {len(mine)} features, the data has "
-                f"{len(theirs)}: missing from the data: {', '.join(missing) or 'none'}; "
-                f"extra in the data: {', '.join(extra) or 'none'}"
-            )
-        for key in (
-            "observed",
-            "known",
-            "static",
-            "target",
-            "target_kind",
-            "encoder_length",
-            "prediction_length",
-        ):
-            if getattr(self, key) != getattr(other, key):
-                raise CheckpointError(
-                    f"checkpoint and data differ in {key}: "
-                    f"{getattr(self, key)!r} (checkpoint) vs {getattr(other, key)!r} (data)"
-                )
-        new = [g for g in other.groups if g not in self.groups]
-        if new:
-            raise CheckpointError(f"instruments unknown to the checkpoint: {', '.join(new)}")
 
 
 class WindowDataset(Dataset):
@@ -180,22 +98,6 @@ def window_tensors(
     return inputs, inputs[:, 0].contiguous(), known
 
 
-def random_batch(
-    schema: DataSchema, batch_size: int, device: Any = "cpu"
-) -> dict[str, torch.Tensor]:
-    """A batch of `batch_size` windows shaped as WindowDataset delivers them, random values."""
-    e, h = schema.encoder_length, schema.prediction_length
-    groups = len(schema.groups)
-    return {
-        "encoder_cont": torch.randn(batch_size, e, len(schema.encoder_columns), device=device),
-        "decoder_known": torch.randn(batch_size, h, len(schema.known), device=device),
-        "static_cat": torch.zeros(batch_size, 1 if groups else 0, dtype=torch.long, device=device),
-        "static_real": torch.randn(batch_size, len(schema.static), device=device),
-        "target": torch.randn(batch_size, h, device=device),
-        "target_last": torch.randn(batch_size, device=device),
-    }
-
-
 class EpochShuffle(DistributedSampler):
     """A fresh permutation each epoch from (seed, epoch) alone, so a resumed run sees the same
     order as an uninterrupted one; Lightning calls `set_epoch` at every epoch start.
@@ -251,37 +153,6 @@ class EvalShard(DistributedSampler):
 
 def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return batch
-
-
-def ensure_sample(path: str | Path) -> None:
-    """Generate the bundled synthetic ES sample if `path` is its own location and it is not
-    there yet. Any other missing path stays missing, for `open_dataset` to name: a mistyped
-    data.path must never train on synthetic data."""
-    p = Path(path)
-    if p.exists() or p.resolve() != Path(SAMPLE_PATH).resolve():
-        return
-    log.info("generating the bundled sample at %s", p)
-    make_es_sample(p)
-
-
-def describe(cfg: Any) -> DataSchema:
-    """The configured data's schema from its Parquet footer and group column alone, without
-    normalization statistics: enough to size a model (the memory estimator's input)."""
-    if cfg.generate_if_missing:
-        ensure_sample(cfg.path)
-    dataset = open_dataset(cfg.path)
-    plan = column_plan(dataset, cfg)
-    return DataSchema(
-        observed=plan.observed,
-        known=plan.known,
-        static=plan.static,
-        groups=group_names(dataset, cfg.group_column),
-        target=plan.target,
-        target_kind=plan.target_kind,
-        encoder_length=cfg.encoder_length,
-        prediction_length=cfg.prediction_length,
-        skipped=plan.skipped,
-    )
 
 
 class ParquetDataModule(L.LightningDataModule):

@@ -1,13 +1,13 @@
 """The largest batch that fits, found at fit start by real trials seeded from the estimator.
 
 Lightning's BatchSizeFinder tries training steps only, from a blind start, and forgets what it
-found on resume. Here each trial is a full training step (forward, backward, optimizer step)
-plus a validation step at the validation batch size, run under the budget (a CUDA memory
-fraction, or the CPU live-tensor budget); a trial fits when it raised no OOM and its peak left
-the safety margin free. The estimator's answer is the first trial; galloping and bisection
-between the largest size that fit and the smallest that did not find the rest. Weights,
-optimizer state and RNG are restored after the trials, and the sizes are kept in checkpoints so
-a resumed run does not search again.
+found on resume. Here each trial is the training step itself (foxhunt.training.step: forward,
+backward, clipping, optimizer step) plus a validation step at the validation batch size, run
+under the budget (a CUDA memory fraction, or the CPU live-tensor budget); a trial fits when it
+raised no OOM and its peak left the safety margin free. The estimator's answer is the first
+trial; galloping and bisection between the largest size that fit and the smallest that did not
+find the rest. Weights, optimizer state and RNG are restored after the trials, and the sizes
+are kept in checkpoints so a resumed run does not search again.
 
 Under DDP every process runs the same trials and takes the same decisions: the budget is the
 smallest of the processes' and a trial fits only if it fit on every process, so all end with
@@ -27,8 +27,10 @@ import torch
 from foxhunt.errors import ConfigError
 from foxhunt.memory.budget import MB, device_total, free_memory, live_tensors, reset_peaks
 from foxhunt.memory.callbacks import OutOfMemoryAtMinimum, batch_one_needs
-from foxhunt.memory.estimator import fixed_val_batch_size, largest_fitting, max_batch_size
+from foxhunt.memory.estimator import fixed_val_batch_size, max_batch_size
+from foxhunt.memory.gallop import largest_fitting
 from foxhunt.training.metrics import quantile_loss
+from foxhunt.training.step import train_step, validation_forward
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class BatchSizeSearch(L.Callback):
         cap = min(mem.batch_size_search.max_batch_size, _share(len(train_set), world))
         val_cap = min(mem.batch_size_search.max_batch_size, _share(len(val_set), world))
         self.max_trials = mem.batch_size_search.max_trials
-        fixed_val = fixed_val_batch_size(self.cfg)
+        fixed_val = fixed_val_batch_size(mem)
         separate_val = mem.val_batch_size == "auto"
 
         saved = _Snapshot(module, trainer.optimizers)
@@ -164,9 +166,10 @@ class BatchSizeSearch(L.Callback):
         error = None
         try:
             if batch_size is not None:
-                _train_step(module, trainer.optimizers[0], _batch(train_set, batch_size, device))
+                optimizer, clip = trainer.optimizers[0], self.cfg.trainer.gradient_clip_val
+                _train_trial(module, optimizer, _batch(train_set, batch_size, device), clip)
             if val_batch_size is not None:
-                _val_step(module, _batch(val_set, val_batch_size, device))
+                _val_trial(module, _batch(val_set, val_batch_size, device))
         except torch.OutOfMemoryError as exc:
             error = " ".join(str(exc).split())[:200]
         # outside the except: the failed step's tensors are released with its traceback
@@ -225,18 +228,20 @@ def _batch(dataset: Any, size: int, device: torch.device) -> dict[str, torch.Ten
     return {k: v.to(device) for k, v in dataset.__getitems__(indices).items()}
 
 
-def _train_step(module: Any, optimizer: Any, batch: dict[str, torch.Tensor]) -> None:
+def _train_trial(
+    module: Any, optimizer: Any, batch: dict[str, torch.Tensor], clip: float | None
+) -> None:
+    """The training step as training runs it; then its gradients go, as Lightning releases them
+    before a validation (on_validation_model_zero_grad)."""
     module.train()
-    loss = quantile_loss(module.model(batch), batch["target"], module.quantiles)
-    loss.backward()
-    optimizer.step()
+    train_step(module.model, optimizer, batch, module.quantiles, clip=clip)
     optimizer.zero_grad(set_to_none=True)
 
 
-@torch.no_grad()
-def _val_step(module: Any, batch: dict[str, torch.Tensor]) -> None:
+def _val_trial(module: Any, batch: dict[str, torch.Tensor]) -> None:
+    """The validation forward and its loss."""
     module.eval()
-    quantile_loss(module.model(batch), batch["target"], module.quantiles)
+    quantile_loss(validation_forward(module.model, batch), batch["target"], module.quantiles)
 
 
 def _peak(device: torch.device) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +124,9 @@ class LatestCheckpoint(ModelCheckpoint):
         with warnings.catch_warnings():  # "won't be reloaded": nothing here needs to be
             warnings.filterwarnings("ignore", message="The dirpath has changed")
             super().load_state_dict(state_dict)
+
+
+def early_stopping(monitor: str, patience: int | None) -> EarlyStopping | None:
+    """Lightning's EarlyStopping (minimising `monitor`), or none while `patience` is None: what
+    `callbacks.early_stopping_patience` switches on (conf/callbacks/default.yaml)."""
+    return None if patience is None else EarlyStopping(monitor, patience=patience, mode="min")

@@ -7,7 +7,7 @@ import math
 import random
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import lightning as L
 import numpy as np
@@ -17,7 +17,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torchmetrics import MeanAbsoluteError, MetricCollection
 
-from foxhunt.data.datamodule import DataSchema
+from foxhunt.data.schema import DataSchema
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import prepare_qat
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
@@ -26,7 +26,46 @@ from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validati
 log = logging.getLogger(__name__)
 
 
-def model_init(model: dict[str, Any], schema: DataSchema) -> dict[str, Any]:
+# What a checkpoint's hyper_parameters hold: plain dicts (a ModelConfig, OptimConfig and
+# PrecisionConfig as containers, enums as their strings) and the schema's dict, so checkpoints
+# load weights-only and old ones (tests/fixtures/legacy_0.1.0) still do.
+
+
+class ModelHparams(TypedDict):
+    """A ModelConfig as a dict."""
+
+    name: str
+    hidden_dim: int
+    num_heads: int
+    lstm_layers: int
+    dropout: float
+    variable_dim: int
+    quantiles: list[float]
+    compile: NotRequired[bool]
+
+
+class OptimHparams(TypedDict):
+    """An OptimConfig as a dict, with the trainer's gradient_clip_val (the step clips)."""
+
+    lr: float
+    weight_decay: float
+    schedule: str  # cosine | onecycle | none
+    warmup_fraction: float
+    schedule_epochs: int | None
+    gradient_clip_val: NotRequired[float | None]
+
+
+class PrecisionHparams(TypedDict):
+    """A PrecisionConfig as a dict."""
+
+    name: str  # fp32 | bf16 | int8
+    trainer_precision: str
+    backend: str  # torch.ao | torchao
+    qat_start_epoch: int
+    observer_epochs: int
+
+
+def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
     """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema."""
     return {
         "num_observed": 1 + len(schema.observed),  # the target's history leads the observed
@@ -44,9 +83,9 @@ def model_init(model: dict[str, Any], schema: DataSchema) -> dict[str, Any]:
 
 
 def build_model(
-    model: dict[str, Any],
+    model: ModelHparams,
     schema: DataSchema,
-    precision: dict[str, Any] | None = None,
+    precision: PrecisionHparams | None = None,
     traced: bool = False,
 ) -> TemporalFusionTransformer:
     """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`, prepared for
@@ -82,7 +121,7 @@ def _average_gradients(params: Iterable[nn.Parameter], world_size: int) -> None:
         grad.copy_(averaged)
 
 
-def make_optimizer(params: Iterable[nn.Parameter], optim: dict[str, Any]) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[nn.Parameter], optim: OptimHparams) -> torch.optim.Optimizer:
     """AdamW as the configured training uses it (the memory estimator builds the same)."""
     # fused: one kernel for the whole update instead of ~10 passes over every parameter
     return torch.optim.AdamW(params, lr=optim["lr"], weight_decay=optim["weight_decay"], fused=True)
@@ -96,10 +135,10 @@ class TFTModule(L.LightningModule):
 
     def __init__(
         self,
-        model: dict[str, Any],
-        schema: dict[str, Any],
-        optim: dict[str, Any],
-        precision: dict[str, Any] | None = None,
+        model: ModelHparams,
+        schema: dict[str, Any],  # DataSchema.to_dict()
+        optim: OptimHparams,
+        precision: PrecisionHparams | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()

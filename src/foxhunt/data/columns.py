@@ -1,0 +1,181 @@
+"""Which columns to read and the role each plays for the TFT (observed, known, static, target),
+from the configured data settings and the Parquet footers alone: no rows are read."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from foxhunt.data.features import OhlcvSpec, feature_names, ohlcv_spec
+from foxhunt.data.source import one_line
+from foxhunt.errors import DataError
+
+OHLCV_TARGET = "log_return"
+OHLCV_FIELDS = ("open", "high", "low", "close", "volume")
+
+
+def is_numeric(t: pa.DataType) -> bool:
+    """Whether a column of type `t` can be read as float64 values (integers and booleans too)."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _type_name(t: pa.DataType) -> str:
+    """The type without its parameters: timestamp[ns, tz=UTC] -> timestamp."""
+    return str(t).split("[")[0].split("<")[0].split("(")[0]
+
+
+def skipped_columns(schema: pa.Schema, cfg: Any) -> dict[str, str]:
+    """The columns data.features=all leaves out for not being numeric, with their type."""
+    if cfg.features != "all":
+        return {}
+    roles = {cfg.time_column, cfg.group_column, cfg.target, *cfg.known_features}
+    roles |= set(cfg.static_features)
+    return {
+        f.name: _type_name(f.type) for f in schema if f.name not in roles and not is_numeric(f.type)
+    }
+
+
+def resolve_columns(
+    schema: pa.Schema, cfg: Any
+) -> tuple[list[str], list[str], list[str], str, list[str]]:
+    """Return (observed, known, static, target, values): column names by role, checked to exist,
+    and every numeric column to read (the target only when it is not derived)."""
+    names = set(schema.names)
+    ohlcv = cfg.features == "ohlcv"
+    target = cfg.target if cfg.target is not None else OHLCV_TARGET
+    known, static = list(cfg.known_features), list(cfg.static_features)
+    wanted = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + known + static
+    if ohlcv:
+        wanted += [getattr(cfg.ohlcv, f) for f in OHLCV_FIELDS]
+        if cfg.target is not None:
+            wanted.append(target)
+        observed = []
+    else:
+        wanted.append(target)
+        if cfg.features == "all":
+            skip = {cfg.time_column, cfg.group_column, target, *known, *static}
+            observed = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
+            if not observed:
+                raise DataError("data.features=all found no numeric feature column in the file")
+        else:
+            observed = [c for c in cfg.features if c != target and c not in known]
+            wanted += observed
+    missing = [c for c in dict.fromkeys(wanted) if c not in names]
+    if missing:
+        raise DataError(
+            f"missing column(s) {', '.join(missing)} in {cfg.path}; "
+            f"the file has: {', '.join(schema.names)}"
+        )
+    keys = {cfg.time_column, cfg.group_column}
+    values = [c for c in dict.fromkeys(wanted + observed) if c not in keys]
+    return observed, known, static, target, values
+
+
+def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
+    """The feature families to derive from raw bars; None unless data.features=ohlcv."""
+    if cfg.features != "ohlcv":
+        return None
+    options = {f.name for f in dataclasses.fields(OhlcvSpec)}
+    return ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
+
+
+def model_inputs(cfg: Any, observed: list[str], known: list[str]) -> tuple[list[str], list[str]]:
+    """The observed and known inputs the model sees: with features=ohlcv, the derived ones."""
+    spec = ohlcv_spec_of(cfg)
+    if spec is None:
+        return observed, known
+    derived_observed, derived_known = feature_names(spec)
+    return list(derived_observed), list(derived_known) + known
+
+
+def resolve_target_kind(cfg: Any) -> str:
+    if cfg.target_kind != "auto":
+        return str(cfg.target_kind)  # the config's TargetKind: a plain string for checkpoints
+    return "return" if cfg.features == "ohlcv" and cfg.target is None else "level"
+
+
+def _time_kind(t: pa.DataType) -> str | None:
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "timestamp"
+    return "integer" if pa.types.is_integer(t) else None
+
+
+def check_files(dataset: pads.Dataset, cfg: Any, values: list[str]) -> None:
+    """Every file of a directory holds the columns to read with usable types, from its footer
+    alone; a DataError naming the file otherwise (pyarrow would fill a missing column with nulls
+    and fail a type mismatch deep in the scan)."""
+    if not isinstance(dataset, pads.FileSystemDataset) or len(dataset.files) < 2:
+        return
+    time_col = cfg.time_column
+    wanted = [time_col] + ([cfg.group_column] if cfg.group_column else []) + values
+    first: tuple[pa.DataType, str] | None = None
+    for fragment in dataset.get_fragments():
+        path = fragment.path
+        try:
+            schema = fragment.physical_schema
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"cannot read {path} as Parquet: {one_line(exc)}") from None
+        partition = pads.get_partition_keys(fragment.partition_expression)
+        missing = [c for c in wanted if c not in schema.names and c not in partition]
+        if missing:
+            raise DataError(
+                f"missing column(s) {', '.join(missing)} in {path}; "
+                f"the file has: {', '.join(schema.names)}"
+            )
+        for c in values:
+            if c in schema.names and not is_numeric(schema.field(c).type):
+                raise DataError(
+                    f"column '{c}' is {schema.field(c).type} in {path}, expected a numeric column"
+                )
+        if time_col not in schema.names:
+            continue
+        t = schema.field(time_col).type
+        if _time_kind(t) is None:
+            raise DataError(
+                f"time column '{time_col}' is {t} in {path}, expected a timestamp or integer"
+            )
+        if first is None:
+            first = (t, path)
+        elif _time_kind(t) != _time_kind(first[0]):
+            raise DataError(
+                f"time column '{time_col}' is {t} in {path} but {first[0]} in {first[1]}; "
+                "write every file with the same schema"
+            )
+
+
+@dataclass
+class ColumnPlan:
+    """What to read and the role of every column; shared by `load` and `stream`."""
+
+    cfg: Any
+    observed: list[str]  # the model's observed inputs (derived ones with features=ohlcv)
+    known: list[str]  # the model's known inputs (calendar ones first with features=ohlcv)
+    user_known: list[str]  # data.known_features
+    static: list[str]
+    target: str
+    target_kind: str
+    values: list[str]  # the numeric columns read
+    spec: OhlcvSpec | None
+    skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
+
+
+def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
+    """The role of every configured column, from the dataset's schema alone (no rows read)."""
+    observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
+    model_observed, model_known = model_inputs(cfg, observed, known)
+    return ColumnPlan(
+        cfg=cfg,
+        observed=model_observed,
+        known=model_known,
+        user_known=known,
+        static=static,
+        target=target,
+        target_kind=resolve_target_kind(cfg),
+        values=values,
+        spec=ohlcv_spec_of(cfg),
+        skipped=skipped_columns(dataset.schema, cfg),
+    )

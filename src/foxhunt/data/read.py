@@ -1,0 +1,325 @@
+"""The eager read: the projected Parquet columns converted to common types (int64 nanosecond
+times, instrument names as text, float64 values), then checked and shaped into one contiguous
+block of rows per instrument, with the features in their TFT roles.
+
+`load` reads the whole projected table at once; `foxhunt.data.stream` reads the same series one
+instrument at a time with the same per-instrument checks (`make_series`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from foxhunt.data.columns import OHLCV_FIELDS, ColumnPlan, check_files, column_plan, is_numeric
+from foxhunt.data.features import derive_features
+from foxhunt.data.source import one_line, open_dataset
+from foxhunt.errors import ConfigError, DataError
+
+TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+# every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class Series:
+    """One instrument's rows, in time order, after NaN handling and feature derivation."""
+
+    name: str
+    time_ns: np.ndarray  # int64
+    observed: np.ndarray  # float64 [rows, n_observed]
+    known: np.ndarray  # float64 [rows, n_known]
+    static: np.ndarray  # float64 [n_static_real]
+    target: np.ndarray  # float64 [rows]
+
+
+@dataclass
+class Loaded:
+    """Everything read from the data: the role of each column and the series."""
+
+    observed: list[str]
+    known: list[str]
+    static: list[str]
+    target: str
+    target_kind: str
+    series: Iterable[Series]  # a list from `load`, an iterator from `stream`
+    skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
+
+    @classmethod
+    def of(cls, plan: ColumnPlan, series: Iterable[Series]) -> Loaded:
+        """The plan's column roles with `series`."""
+        return cls(
+            plan.observed,
+            plan.known,
+            plan.static,
+            plan.target,
+            plan.target_kind,
+            series,
+            plan.skipped,
+        )
+
+
+def as_float(table: pa.Table, column: str) -> np.ndarray:
+    """A numeric column as float64 values; a DataError for any other type."""
+    col = table.column(column)
+    if not (is_numeric(col.type)):
+        raise DataError(f"column '{column}' is {col.type}, expected a numeric column")
+    # unsafe: an integer beyond 2**53 rounds to the nearest float64 instead of failing
+    return pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
+    """The time column as int64 nanoseconds since 1970: a timestamp or date column by its own
+    unit, an integer column by data.time_unit (required: nothing in the file says it)."""
+    column = cfg.time_column
+    col = table.column(column)
+    if col.null_count:
+        raise DataError(f"time column '{column}' has {col.null_count} null values")
+    try:
+        if pa.types.is_integer(col.type):
+            col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(_time_unit(cfg, col)))
+        elif pa.types.is_date(col.type):
+            col = pc.cast(col, pa.timestamp("ms"))
+        elif not pa.types.is_timestamp(col.type):
+            raise DataError(
+                f"time column '{column}' is {col.type}, expected a timestamp or integer"
+            )
+        col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise DataError(
+            f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
+            f"years 1677-2262): {one_line(exc)}"
+        ) from None
+    return pc.cast(col, pa.int64()).to_numpy()
+
+
+def _time_unit(cfg: Any, col: pa.ChunkedArray) -> str:
+    unit = cfg.time_unit
+    if unit is None:
+        guess = _unit_like(col)
+        like = f": values like {col[0].as_py()} look like {TIME_UNITS[guess]}" if len(col) else ""
+        raise DataError(
+            f"time column '{cfg.time_column}' holds integers ({col.type}) of no stated unit"
+            f"{like}; set data.time_unit={guess} (one of s, ms, us, ns)"
+        )
+    if unit not in TIME_UNITS:
+        raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {unit!r}")
+    return unit
+
+
+def _unit_like(col: pa.ChunkedArray) -> str:
+    """The unit integer times of this magnitude are most likely in: a date of this century
+    has 10 digits in seconds, 13 in milliseconds, 16 in microseconds, 19 in nanoseconds."""
+    if len(col) == 0:
+        return "s"
+    typical = np.median(np.abs(pc.cast(col, pa.float64(), safe=False).to_numpy()))
+    digits = np.log10(max(typical, 1.0))
+    return "s" if digits < 10.5 else "ms" if digits < 13.5 else "us" if digits < 16.5 else "ns"
+
+
+def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
+    """Instrument names as text, the one way every reader (and the report) spells them."""
+    try:
+        return pc.cast(col, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise DataError(
+            f"group column '{column}' is {col.type}, which cannot name instruments: use text "
+            "or integers"
+        ) from None
+
+
+def group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[str]]:
+    """Each row's instrument as an index into the sorted instrument names, and those names."""
+    if column is None:
+        return np.zeros(table.num_rows, dtype=np.int64), ["series"]
+    col = table.column(column)
+    if col.null_count:
+        raise DataError(f"group column '{column}' has {col.null_count} null values")
+    text = as_text(col, column)
+    names = sorted(pc.unique(text).to_pylist())
+    codes = pc.index_in(text, value_set=pa.array(names, pa.string())).to_numpy()
+    return codes.astype(np.int64), names
+
+
+def _nowhere(row: int) -> str:
+    return ""
+
+
+def _handle_non_finite(
+    columns: dict[str, np.ndarray],
+    policy: str,
+    group: str,
+    locate: Callable[[int], str] = _nowhere,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Apply data.nan_policy; return the columns and the mask of rows kept."""
+    bad = {c: int((~np.isfinite(v)).sum()) for c, v in columns.items()}
+    bad = {c: n for c, n in bad.items() if n}
+    keep = np.ones(len(next(iter(columns.values()))), dtype=bool)
+    if not bad:
+        return columns, keep
+    if policy == "error":
+        listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
+        first = min(int(np.argmax(~np.isfinite(columns[c]))) for c in bad)
+        raise DataError(
+            f"NaN/inf values in instrument {group}{locate(first)}: {listed}; "
+            "set data.nan_policy=ffill or data.nan_policy=drop to handle them"
+        )
+    if policy == "ffill":
+        filled = {}
+        for c, v in columns.items():
+            finite = np.isfinite(v)
+            # index of the last finite value at or before each row (-1 before the first one)
+            last = np.maximum.accumulate(np.where(finite, np.arange(len(v)), -1))
+            filled[c] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
+            keep &= last >= 0  # leading values with nothing to carry forward are dropped
+        columns = filled
+    else:
+        for v in columns.values():
+            keep &= np.isfinite(v)
+    return {c: v[keep] for c, v in columns.items()}, keep
+
+
+def make_series(
+    plan: ColumnPlan,
+    name: str,
+    t: np.ndarray,
+    values: dict[str, np.ndarray],
+    locate: Callable[[int], str] = _nowhere,
+) -> Series:
+    """Check one instrument's rows and derive its features.
+    `locate(row)` names the file of a row (" in <path>"), or is empty."""
+    cfg = plan.cfg
+    for c, v in values.items():
+        beyond = np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)
+        if beyond.any():
+            i = int(np.argmax(beyond))
+            raise DataError(
+                f"column '{c}' of instrument {name} holds {v[i]:.3g} at its row {i}{locate(i)}, "
+                f"beyond float32's range of +-{FLOAT32_MAX:.3g}: rescale the column"
+            )
+    steps = np.diff(t)
+    if (steps <= 0).any():
+        i = int(np.argmax(steps <= 0)) + 1
+        raise DataError(
+            f"time column '{cfg.time_column}' is not strictly increasing in instrument "
+            f"{name} at its row {i} (of {len(t)}){locate(i)}; "
+            "sort the file by instrument and time"
+        )
+    cols, keep = _handle_non_finite(values, cfg.nan_policy, name, locate)
+    t = t[keep]
+    if len(t) == 0:  # as short as can be: an error, as a short one is, not left out unsaid
+        policy = cfg.nan_policy
+        raise DataError(f"instrument {name} has no rows left after data.nan_policy={policy}")
+    if plan.spec is not None:
+        o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in OHLCV_FIELDS)
+        try:
+            derived = derive_features(t, o, h, lo, c, v, plan.spec)
+        except DataError as exc:
+            raise DataError(f"{exc} in instrument {name}") from None
+        w = derived.warmup
+        known = list(derived.known.values()) + [cols[k] for k in plan.user_known]
+        obs = stack_columns(list(derived.observed.values()), len(t))[w:]
+        kn = stack_columns(known, len(t))[w:]
+        y = cols[plan.target][w:] if cfg.target is not None else derived.target[w:]
+        t = t[w:]
+    else:
+        obs = stack_columns([cols[c] for c in plan.observed], len(t))
+        kn = stack_columns([cols[k] for k in plan.known], len(t))
+        y = cols[plan.target]
+    st = np.array([cols[s][0] for s in plan.static], dtype=np.float64)
+    for s in plan.static:
+        if np.ptp(cols[s]) > 0:
+            raise DataError(f"static feature '{s}' varies within instrument {name}")
+    for label, block, names in (
+        ("feature", obs, plan.observed),
+        ("known feature", kn, plan.known),
+        ("target", y[:, None], [plan.target]),
+    ):
+        finite = np.isfinite(block).all(axis=0)
+        if not finite.all():
+            bad = [names[i] for i in np.flatnonzero(~finite)]
+            raise DataError(f"derived {label}(s) {', '.join(bad)} not finite in {name}")
+    return Series(name, t, obs, kn, st, y)
+
+
+def load(cfg: Any) -> Loaded:
+    """Read, check and shape the configured data; every user-fixable problem is a DataError."""
+    dataset = open_dataset(cfg.path)
+    plan = column_plan(dataset, cfg)
+    check_files(dataset, cfg, plan.values)
+    projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
+    # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
+    # the dataset would cast every file to the first one's types (a float to its int8, say)
+    tables = [
+        _common_types(plan, read_file(dataset, fragment, projection))
+        for fragment in dataset.get_fragments()
+    ]
+    return _from_table(plan, pa.concat_tables(tables))
+
+
+def read_file(dataset: pads.Dataset, fragment: pads.Fragment, columns: list[str]) -> pa.Table:
+    """`columns` of one file in the types it has, hive partition keys included."""
+    try:
+        schema = fragment.physical_schema
+        partition = [f for f in dataset.schema if f.name not in schema.names]
+        return fragment.to_table(schema=pa.schema([*schema, *partition]), columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read {fragment.path}: {one_line(exc)}") from None
+
+
+def _common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
+    """The columns to read in the types every file is converted to: times in nanoseconds,
+    instrument names as text, values in float64."""
+    cfg = plan.cfg
+    columns = {cfg.time_column: pa.array(time_ns_of(table, cfg), pa.timestamp("ns"))}
+    if cfg.group_column:
+        columns[cfg.group_column] = as_text(table.column(cfg.group_column), cfg.group_column)
+    columns |= {c: pa.array(as_float(table, c)) for c in plan.values}
+    return pa.table(columns)
+
+
+def load_table(table: pa.Table, cfg: Any) -> Loaded:
+    """`load` for a table already in memory (`cfg.path` only names it in messages)."""
+    return _from_table(column_plan(pads.dataset(table), cfg), table)
+
+
+def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
+    cfg = plan.cfg
+    if table.num_rows == 0:
+        raise DataError(f"{cfg.path} has no rows")
+
+    time_ns = time_ns_of(table, cfg)
+    codes, names = group_codes(table, cfg.group_column)
+    values = {c: as_float(table, c) for c in plan.values}
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    series = []
+    for g, name in enumerate(names):
+        rows = order[bounds[g] : bounds[g + 1]]
+        series.append(
+            make_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
+        )
+    return Loaded.of(plan, series)
+
+
+def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
+    """The instrument vocabulary, reading only the group column, a file at a time."""
+    if column is None:
+        return []
+    seen: set[str] = set()
+    for fragment in dataset.get_fragments():
+        names = read_file(dataset, fragment, [column]).column(0)
+        seen.update(pc.unique(as_text(names, column)).to_pylist())
+    return sorted(seen)
+
+
+def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:
+    """Columns side by side as a float64 [rows, columns] (no columns: [rows, 0])."""
+    if not columns:
+        return np.zeros((rows, 0))
+    return np.stack(columns, axis=1).astype(np.float64, copy=False)

@@ -1,0 +1,126 @@
+"""The data schema: what a model was trained on (columns by role, instruments, window lengths,
+normalization), stored in every checkpoint and checked against the data it is given."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from foxhunt.data.columns import column_plan
+from foxhunt.data.read import group_names
+from foxhunt.data.source import ensure_sample, open_dataset
+from foxhunt.errors import CheckpointError
+
+
+@dataclass
+class DataSchema:
+    """What a model needs to know about its data; stored in every checkpoint."""
+
+    observed: list[str]  # observed-only inputs; the target's history is added in front
+    known: list[str]  # known-future inputs
+    static: list[str]  # static real inputs
+    groups: list[str]  # instrument vocabulary (static categorical); [] for one unnamed series
+    target: str
+    target_kind: str  # return | level
+    encoder_length: int
+    prediction_length: int
+    # normalization, from the training split (empty until the data module computes it)
+    input_mean: list[float] = field(default_factory=list)  # per encoder column
+    input_std: list[float] = field(default_factory=list)
+    static_mean: list[float] = field(default_factory=list)
+    static_std: list[float] = field(default_factory=list)
+    # the columns data.features=all left out, with their type (the run report lists them)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def encoder_columns(self) -> list[str]:
+        return [self.target, *self.observed, *self.known]
+
+    @property
+    def num_features(self) -> int:
+        """Input features taken from the data, the target's own history not counted."""
+        return len(self.observed) + len(self.known) + len(self.static)
+
+    @property
+    def target_center(self) -> float:
+        return self.input_mean[0]
+
+    @property
+    def target_scale(self) -> float:
+        return self.input_std[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataSchema:
+        return cls(**d)
+
+    def check_matches(self, other: DataSchema) -> None:
+        """Raise CheckpointError naming how `other` (the data) differs from this schema."""
+        mine = [*self.observed, *self.known, *self.static]
+        theirs = [*other.observed, *other.known, *other.static]
+        missing = [c for c in mine if c not in theirs]
+        extra = [c for c in theirs if c not in mine]
+        if missing or extra:
+            raise CheckpointError(
+                f"the checkpoint was trained on {len(mine)} features, the data has "
+                f"{len(theirs)}: missing from the data: {', '.join(missing) or 'none'}; "
+                f"extra in the data: {', '.join(extra) or 'none'}"
+            )
+        for key in (
+            "observed",
+            "known",
+            "static",
+            "target",
+            "target_kind",
+            "encoder_length",
+            "prediction_length",
+        ):
+            if getattr(self, key) != getattr(other, key):
+                raise CheckpointError(
+                    f"checkpoint and data differ in {key}: "
+                    f"{getattr(self, key)!r} (checkpoint) vs {getattr(other, key)!r} (data)"
+                )
+        new = [g for g in other.groups if g not in self.groups]
+        if new:
+            raise CheckpointError(f"instruments unknown to the checkpoint: {', '.join(new)}")
+
+
+def describe(cfg: Any) -> DataSchema:
+    """The configured data's schema from its Parquet footer and group column alone, without
+    normalization statistics: enough to size a model (the memory estimator's input)."""
+    if cfg.generate_if_missing:
+        ensure_sample(cfg.path)
+    dataset = open_dataset(cfg.path)
+    plan = column_plan(dataset, cfg)
+    return DataSchema(
+        observed=plan.observed,
+        known=plan.known,
+        static=plan.static,
+        groups=group_names(dataset, cfg.group_column),
+        target=plan.target,
+        target_kind=plan.target_kind,
+        encoder_length=cfg.encoder_length,
+        prediction_length=cfg.prediction_length,
+        skipped=plan.skipped,
+    )
+
+
+def random_batch(
+    schema: DataSchema, batch_size: int, device: Any = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A batch of `batch_size` windows shaped as WindowDataset delivers them, random values."""
+    e, h = schema.encoder_length, schema.prediction_length
+    groups = len(schema.groups)
+    return {
+        "encoder_cont": torch.randn(batch_size, e, len(schema.encoder_columns), device=device),
+        "decoder_known": torch.randn(batch_size, h, len(schema.known), device=device),
+        "static_cat": torch.zeros(batch_size, 1 if groups else 0, dtype=torch.long, device=device),
+        "static_real": torch.randn(batch_size, len(schema.static), device=device),
+        "target": torch.randn(batch_size, h, device=device),
+        "target_last": torch.randn(batch_size, device=device),
+    }

@@ -1,0 +1,197 @@
+"""One training or validation step, traced for its peak memory without allocating anything.
+
+`run_step` builds the model, its optimizer state and a batch under `FakeTensorMode` (tensors
+with shapes and dtypes but no storage) and runs the step training runs
+(`foxhunt.training.step`): forward, loss, backward, gradient clipping, optimizer step; or the
+validation forward and its loss. PyTorch's `MemTracker` follows every tensor of that trace,
+attributes it to parameters, gradients, optimizer state, activations, temporaries or inputs,
+and records the peak. Run for real instead (`fake=False`), the same code measures a step.
+
+Where a fake kernel differs from the real one, the difference is modelled here:
+- CPU LSTM: oneDNN keeps a workspace for backward that its fake kernel reports as empty;
+  `onednn_lstm_workspace_bytes` is the real size (exact at realistic sizes, see tests).
+- CUDA, planned from a machine without one: the trace runs on CPU with oneDNN off (PyTorch's
+  generic LSTM keeps its gates for backward, as cuDNN's reserve space does).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from foxhunt.data.schema import DataSchema, random_batch
+from foxhunt.memory.budget import MB, counting_suspended
+from foxhunt.quantization.qat import bake_weight_fake_quant
+from foxhunt.training.metrics import quantile_loss
+from foxhunt.training.module import build_model, make_optimizer
+from foxhunt.training.step import train_step, validation_forward
+
+# MemTracker's categories, as the parts of a step that the breakdown names
+PARTS = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "transient",
+    "Other": "inputs",
+}
+PART_NAMES = tuple(dict.fromkeys(PARTS.values()))
+_PAGE = 4096
+
+
+def onednn_lstm_workspace_bytes(
+    seq_len: int, batch: int, hidden: int, input_size: int, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes of the workspace oneDNN's LSTM layer keeps for backward (one layer, one direction).
+    From oneDNN's layout: gates [T, B, 4H], one [T, B, H] region and six state regions
+    [T+1, B, max(I, H)] with a padded leading dimension, four cell-state regions [T+1, B, H];
+    each region page-aligned. fp32: within 1% of the real kernel from a few MB up. bf16
+    (autocast): gates, output and cell states in bf16, the six state regions in fp32, a fit
+    within 3% (tests/memory)."""
+    bf16 = dtype == torch.bfloat16
+    half, full = (2, 4) if bf16 else (4, 4)
+
+    def ld(n: int, size: int) -> int:  # oneDNN pads a leading dimension that would alias 1 KiB
+        n = -(-n // 16) * 16
+        return n + 16 if (n * size) % 1024 == 0 else n
+
+    t, b, h = seq_len, batch, hidden
+    regions = [t * b * ld(4 * h, half) * half, t * b * ld(h, half) * half]
+    regions += [(t + 1) * b * ld(max(input_size, h), full) * full] * 6
+    regions += [(t + 1) * b * h * half] * 4
+    return sum(-(-r // _PAGE) * _PAGE for r in regions)
+
+
+class _OneDnnWorkspace(TorchDispatchMode):
+    """Give fake `mkldnn_rnn_layer` calls the workspace the real kernel allocates."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mkldnn_rnn_layer.default:
+            names = [a.name for a in func._schema.arguments]
+            bound = dict(zip(names, args, strict=False)) | (kwargs or {})
+            dtype = bound["input"].dtype
+            if bound["train"] and dtype in (torch.float32, torch.bfloat16):
+                t, b, i = bound["input"].shape  # time-major inside the kernel
+                size = onednn_lstm_workspace_bytes(t, b, bound["hidden_size"], i, dtype)
+                workspace = torch.empty(size, dtype=torch.uint8, device=out[3].device)
+                out = (*out[:3], workspace)
+        return out
+
+
+class _StepTracker(MemTracker):
+    """MemTracker keeping only the global peak. Its per-module peaks walk every module on every
+    op: half the trace time at tft_small, and nothing here reads them."""
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one traced step needs from the composed config."""
+
+    model: dict[str, Any]
+    optim: dict[str, Any]
+    schema: DataSchema
+    clip: float | None  # the training's gradient clipping (trainer.gradient_clip_val)
+    checkpointing: bool
+    precision: dict[str, Any]
+    device: str  # planned for: cpu or cuda
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Peak bytes of one step, by part; `total` is their sum at the moment of the peak."""
+
+    batch_size: int
+    parts: dict[str, int]
+
+    @property
+    def allocated(self) -> int:
+        """Tensor bytes: what max_memory_allocated reports on CUDA."""
+        return sum(v for k, v in self.parts.items() if k in PART_NAMES)
+
+    @property
+    def total(self) -> int:
+        """What the device must hold: on CUDA also the allocator's reserve and the context."""
+        return sum(self.parts.values())
+
+    def as_mb(self) -> dict[str, float]:
+        return {k: round(v / MB, 1) for k, v in self.parts.items()}
+
+
+def _make_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer state as the first real step does (zero gradients leave the
+    parameters as they are but for weight decay)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def run_step(
+    plan: StepPlan, batch_size: int, train: bool, fake: bool, device: str | None = None
+) -> dict[str, int]:
+    """Run one step and return MemTracker's peak bytes by part. With `fake`, under
+    FakeTensorMode (no storage at all); otherwise for real on `device` (a measurement)."""
+    device = device or "cpu"
+    onednn = fake and plan.device == "cpu" and torch.backends.mkldnn.is_available()
+    with ExitStack() as stack:
+        if fake:
+            stack.enter_context(counting_suspended())
+            stack.enter_context(FakeTensorMode())
+            if plan.device == "cuda":  # generic LSTM: keeps its gates, as cuDNN does
+                stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+        model = build_model(plan.model, plan.schema, plan.precision, traced=fake)
+        if not train and plan.precision["name"] == "int8":
+            # MemTracker cannot follow a parametrized weight under no_grad: validate with the
+            # fake-quantized weights computed once (their per-forward copies, one weight at a
+            # time, are not counted)
+            bake_weight_fake_quant(model)
+        model.gradient_checkpointing = plan.checkpointing
+        if device != "cpu":
+            model.to(device)
+        optimizer = make_optimizer(model.parameters(), plan.optim)
+        _make_optimizer_state(model, optimizer)
+        batch = random_batch(plan.schema, batch_size, device)
+        quantiles = torch.tensor(plan.model["quantiles"], device=device)
+        cuda = not fake and torch.device(device).type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        tracker = _StepTracker()
+        tracker.track_external(model, optimizer, *batch.values())
+        stack.enter_context(tracker)
+        if onednn:
+            stack.enter_context(_OneDnnWorkspace())
+        if plan.precision["name"] == "bf16":  # Lightning's bf16-mixed: autocast to bfloat16
+            stack.enter_context(torch.autocast(torch.device(device).type, torch.bfloat16))
+        model.train(train)
+        if train:
+            train_step(model, optimizer, batch, quantiles, clip=plan.clip)
+        else:
+            quantile_loss(validation_forward(model, batch), batch["target"], quantiles)
+    extra = {}
+    if cuda:
+        torch.cuda.synchronize(device)
+        extra["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
+        extra["cuda_max_reserved"] = torch.cuda.max_memory_reserved(device)
+    snapshot = tracker.get_tracker_snapshot("peak")
+    peak = next((v for d, v in snapshot.items() if d.type == torch.device(device).type), {})
+    parts = dict.fromkeys(PART_NAMES, 0)
+    for key, value in peak.items():
+        name = PARTS.get(getattr(key, "value", key))
+        if name:
+            parts[name] += value
+    return parts | extra
