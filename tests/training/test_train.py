@@ -86,13 +86,6 @@ def test_resume_with_other_model_is_refused(tmp_path, table_path):
         train(compose_train(*overrides), tmp_path / "b")
 
 
-def test_cli_invalid_override_exits_2(tmp_path):
-    result = run_cli("model.hidden_dim=abc", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "could not be converted to Integer" in result.stderr
-    assert "full_key: model.hidden_dim" in result.stderr
-
-
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, table_path):
     result = run_cli(*tiny_overrides(tmp_path / "missing.parquet"), cwd=tmp_path)
     assert result.returncode == 2
@@ -133,6 +126,11 @@ def test_trainer_and_callback_arguments_are_passed_through(tmp_path, table_path)
             "error: Error merging override data.nan_policy=zero: Invalid value 'zero', "
             "expected one of [error, ffill, drop] (full_key: data.nan_policy)",
         ),
+        (
+            "model.hidden_dim=abc",
+            "error: Error merging override model.hidden_dim=abc: Value 'abc' of type 'str' "
+            "could not be converted to Integer (full_key: model.hidden_dim)",
+        ),
     ],
 )
 def test_cli_wrong_override_is_one_line_at_composition(tmp_path, override, message):
@@ -142,25 +140,25 @@ def test_cli_wrong_override_is_one_line_at_composition(tmp_path, override, messa
     assert not (tmp_path / "outputs").exists()  # refused before the run directory
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        (
-            "trainer.accumulate_grad_batches=2",
-            "error: trainer.accumulate_grad_batches=2 does not work with foxhunt's manual "
-            "optimization (Lightning refuses it)",
-        ),
-        ("trainer.devices=foo", "error: invalid trainer setting: `devices` selected with"),
-    ],
-)
-def test_cli_trainer_setting_lightning_refuses_is_one_line_before_the_data(
-    tmp_path, override, message
-):
+def test_cli_trainer_setting_lightning_refuses_is_one_line_before_the_data(tmp_path):
     missing = tmp_path / "missing.parquet"  # never read: the trainer is refused first
-    result = run_cli(*tiny_overrides(missing, override), cwd=tmp_path)
+    result = run_cli(*tiny_overrides(missing, "trainer.accumulate_grad_batches=2"), cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: trainer.accumulate_grad_batches=2 does not work with foxhunt's manual "
+            "optimization (Lightning refuses it)"
+        )
+    )
     assert "Traceback" not in result.stderr
+
+
+def test_a_value_lightning_refuses_is_one_config_error_before_the_data(tmp_path):
+    cfg = compose_train(*tiny_overrides(tmp_path / "missing.parquet", "trainer.devices=foo"))
+    with pytest.raises(ConfigError, match="^invalid trainer setting: `devices` selected with"):
+        train(cfg, tmp_path / "run")
 
 
 def test_cli_semantic_error_exits_2(tmp_path):
