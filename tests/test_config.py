@@ -7,11 +7,12 @@ import inspect
 from dataclasses import fields
 
 import lightning as L
+import numpy as np
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, validate
+from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, validate
 from foxhunt.errors import ConfigError
 from foxhunt.train import make_callbacks, make_logger, make_trainer
 from foxhunt.training.checkpointing import BestCheckpoint
@@ -128,8 +129,20 @@ def test_unknown_key_fails_at_composition():
         ("memory.oom_backoff.factor=1", "memory.oom_backoff.factor must be > 1"),
         ("trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches=2 does not work"),
         ("trainer.gradient_clip_algorithm=value", "its step clips the gradient norm"),
+        ("data.split.val_start=yesterday", "data.split.val_start=yesterday is not an ISO date"),
+        ("data.split.embargo=-1", "data.split.embargo must be >= 0 bars"),
+        (
+            ["data.split.val_start=2026-03-01", "data.split.test_start=2026-02-01T12:00"],
+            "data.split.val_start=2026-03-01 is after data.split.test_start=2026-02-01T12:00",
+        ),
     ],
 )
 def test_semantic_checks(override, message):
+    overrides = override if isinstance(override, list) else [override]
     with pytest.raises(ConfigError, match=message):
-        validate(compose_train(override))
+        validate(compose_train(*overrides))
+
+
+def test_split_times_are_utc_unless_they_name_an_offset():
+    assert parse_time("k", "2026-03-02") == np.datetime64("2026-03-02", "ns").astype(np.int64)
+    assert parse_time("k", "2026-03-02T09:30-05:00") == parse_time("k", "2026-03-02T14:30Z")

@@ -67,6 +67,17 @@ def test_sweep_resume_with_no_earlier_sweep_is_one_error(tmp_path, table_path):
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_sweep_cannot_select_on_the_test_split(tmp_path, table_path):
+    args = (*tiny_overrides(table_path), "model.hidden_dim=8,12", "optimized_metric=test_loss")
+    result = subprocess.run(_sweep(*args), cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: optimized_metric=test_loss would select the sweep's best on the test split, "
+        "whose score is then no longer out of sample; use val_loss"
+    ]
+    assert not (tmp_path / "multirun").exists()  # refused before any directory
+
+
 @pytest.mark.slow
 def test_killed_sweep_resumes_skipping_finished_jobs(tmp_path, table_path):
     args = (

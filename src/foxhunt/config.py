@@ -8,6 +8,7 @@ import inspect
 import itertools
 import typing
 from dataclasses import dataclass, field, make_dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -65,6 +66,18 @@ class OhlcvConfig:
 
 
 @dataclass
+class SplitConfig:
+    """Calendar cuts shared by every instrument (`foxhunt.data.splits`)."""
+
+    # ISO date/time (UTC unless it names an offset) where the validation / test period starts;
+    # null: cut the common timeline at data.val_fraction / data.test_fraction from its end
+    val_start: str | None = None
+    test_start: str | None = None
+    # bars before each cut that hold no target of the earlier split; null: prediction_length
+    embargo: int | None = None
+
+
+@dataclass
 class DataConfig:
     path: str = MISSING
     time_column: str = "timestamp"
@@ -81,8 +94,9 @@ class DataConfig:
     ohlcv: OhlcvConfig = field(default_factory=OhlcvConfig)
     encoder_length: int = 64
     prediction_length: int = 8
-    val_fraction: float = 0.15
+    val_fraction: float = 0.15  # of the common timeline (all instruments' distinct times)
     test_fraction: float = 0.15
+    split: SplitConfig = field(default_factory=SplitConfig)
     batch_size: int = 64
     num_workers: int = 0
     nan_policy: NanPolicy = NanPolicy.error
@@ -227,6 +241,22 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
 
 
+def parse_time(key: str, value: str | None) -> int | None:
+    """An ISO date or date-time setting as int64 nanoseconds since 1970 (UTC unless the value
+    names an offset); None stays None."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise ConfigError(
+            f"{key}={value} is not an ISO date or date-time (2026-03-02 or 2026-03-02T14:30)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -266,6 +296,16 @@ def validate(cfg: Any) -> None:
         and d.val_fraction + d.test_fraction < 1,
         "data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1, "
         f"got {d.val_fraction} and {d.test_fraction}",
+    )
+    sp = d.split
+    _check(
+        sp.embargo is None or sp.embargo >= 0,
+        f"data.split.embargo must be >= 0 bars or null, got {sp.embargo}",
+    )
+    starts = [parse_time(f"data.split.{k}", getattr(sp, k)) for k in ("val_start", "test_start")]
+    _check(
+        None in starts or starts[0] <= starts[1],
+        f"data.split.val_start={sp.val_start} is after data.split.test_start={sp.test_start}",
     )
     features = d.features
     _check(

@@ -13,6 +13,7 @@ import csv
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,17 @@ def _write_plot(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 class SweepSummary(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # a sweep that selects on the test split reports a test score it was chosen for
+        metric = str(config.get("optimized_metric", ""))
+        if metric.startswith("test_") or metric.startswith("baseline_test"):
+            print(
+                f"error: optimized_metric={metric} would select the sweep's best on the test "
+                "split, whose score is then no longer out of sample; use val_loss",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if sweep_dir.exists():

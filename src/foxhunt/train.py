@@ -293,6 +293,7 @@ def train(
             path = run_dir / "checkpoints" / "model_fp32.safetensors"
             export_weights(module.model, init, path, datamodule.schema.to_dict())
             summary["export"] = str(path)
+    summary["splits"] = datamodule.splits
     summary["memory"] = memory_summary(cfg.memory.name, memory, device)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if trainer.is_global_zero:  # under DDP every process has the summary; one writes it

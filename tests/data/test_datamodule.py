@@ -14,9 +14,10 @@ import torch
 
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.read import TIME_UNITS, load_table
+from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, DataError
 from foxhunt.report import _data_section
-from tests.helpers import make_table, ohlcv_cfg, with_, write_table
+from tests.helpers import FIVE_MIN, T0, make_table, ohlcv_cfg, with_, write_table
 
 
 def setup(cfg) -> ParquetDataModule:
@@ -28,14 +29,18 @@ def setup(cfg) -> ParquetDataModule:
 def test_window_counts_and_boundaries(data_cfg):
     dm = setup(data_cfg)
     E, H = data_cfg.encoder_length, data_cfg.prediction_length
+    # both start at T0 (300 and 200 bars): the common timeline is AAA's 300 times, cut at
+    # 60% and 80%; the embargo (H bars of the timeline) before each cut holds no target
     expected = {"train": 0, "val": 0, "test": 0}
     for n in (300, 200):  # AAA, BBB
-        n_test, n_val = round(n * 0.2), round(n * 0.2)
-        n_train = n - n_val - n_test
-        expected["train"] += n_train - E - H + 1
-        expected["val"] += n_val - H + 1
-        expected["test"] += n_test - H + 1
+        for split, (first, end) in {
+            "train": (0, min(180 - H, n)),
+            "val": (min(180, n), min(240 - H, n)),
+            "test": (min(240, n), n),
+        }.items():
+            expected[split] += max(end - E - H + 1 - max(first - E, 0), 0)
     assert {s: len(dm.datasets[s]) for s in expected} == expected
+    assert dm.splits["instruments"]["BBB"]["test"] is None  # BBB ends before the test period
 
     for split, ds in dm.datasets.items():
         rows = ds.starts[:, None] + torch.arange(E + H)
@@ -43,15 +48,76 @@ def test_window_counts_and_boundaries(data_cfg):
         assert (groups == groups[:, :1]).all(), f"a {split} window crosses an instrument"
 
 
-def test_no_target_leakage_across_splits(data_cfg):
-    dm = setup(data_cfg)
-    E, H = data_cfg.encoder_length, data_cfg.prediction_length
-    # AAA occupies rows [0, 300): train rows [0, 180), val [180, 240), test [240, 300)
-    for split, (lo, hi) in {"train": (0, 180), "val": (180, 240), "test": (240, 300)}.items():
-        starts = dm.datasets[split].starts
-        starts = starts[starts < 300 - E - H + 1]
-        decoder_rows = starts[:, None] + E + torch.arange(H)
-        assert decoder_rows.min() >= lo and decoder_rows.max() < hi, split
+def staggered_panel(tmp_path: Path, data_cfg):
+    """Four instruments with different histories on one 5-minute grid, as futures contracts
+    overlap: each starts and ends at its own time, one has a gap of a day."""
+    rng = np.random.default_rng(1)
+    spans = {"AAA": (0, 400), "BBB": (150, 700), "CCC": (380, 1000), "DDD": (0, 1000)}
+    cols = {k: [] for k in ("timestamp", "symbol", "f1", "f2", "k1", "y")}
+    for symbol, (a, b) in spans.items():
+        bars = np.arange(a, b)
+        if symbol == "DDD":
+            bars = bars[(bars < 500) | (bars >= 500 + 288)]  # a day without bars
+        cols["timestamp"].append(T0 + FIVE_MIN * bars)
+        cols["symbol"].append(np.full(len(bars), symbol))
+        for c in ("f1", "f2", "k1"):
+            cols[c].append(rng.normal(size=len(bars)))
+        cols["y"].append(rng.normal(size=len(bars)))
+    cols = {k: np.concatenate(v) for k, v in cols.items()}
+    return with_(data_cfg, path=str(write_table(tmp_path / "staggered.parquet", cols))), cols
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("embargo", [None, 0, 7])
+def test_no_window_has_a_target_in_another_splits_period(tmp_path, data_cfg, lazy, embargo):
+    """Over the whole panel: every target of a split's windows lies in that split's period
+    (less the embargo before each cut), whatever the instrument's history."""
+    cfg, cols = staggered_panel(tmp_path, data_cfg)
+    cfg = with_(cfg, lazy=lazy, split=with_(cfg.split, embargo=embargo), cache_dir=str(tmp_path))
+    dm = setup(cfg)
+    E, H = cfg.encoder_length, cfg.prediction_length
+    cuts = {k: np.datetime64(v.rstrip("Z"), "ns") for k, v in dm.splits["cuts"].items() if "_" in k}
+    assert dm.splits["cuts"]["embargo"] == (H if embargo is None else embargo)
+    # each row's time, in the order of the store (instruments sorted by name, then time)
+    order = np.lexsort((cols["timestamp"], cols["symbol"]))
+    times = cols["timestamp"][order].astype("datetime64[ns]")
+    symbols = cols["symbol"][order]
+    timeline = np.unique(times)
+    # the embargo: that many distinct times of the panel before each cut
+    for end, start in (("train_end", "val_start"), ("val_end", "test_start")):
+        i = np.searchsorted(timeline, cuts[start])
+        assert cuts[end] == timeline[i - dm.splits["cuts"]["embargo"]], end
+    periods = {
+        "train": (timeline[0], cuts["train_end"]),
+        "val": (cuts["val_start"], cuts["val_end"]),
+        "test": (cuts["test_start"], timeline[-1] + 1),
+    }
+    for split, (lo, hi) in periods.items():
+        starts = dm.datasets[split].starts.numpy()
+        assert len(starts) > 0, split
+        targets = starts[:, None] + E + np.arange(H)
+        assert (symbols[targets] == symbols[starts][:, None]).all()
+        assert ((times[targets] >= lo) & (times[targets] < hi)).all(), split
+    # what summary.json records: each instrument's first and last target time per split
+    spans = dm.splits["instruments"]
+    assert spans["AAA"]["val"] is None and spans["BBB"]["test"] is None  # ended before
+    assert spans["DDD"]["test"][1] == iso_time(int(times[symbols == "DDD"][-1].astype(np.int64)))
+
+
+def test_explicit_cuts_and_a_split_left_empty(data_cfg):
+    split = with_(data_cfg.split, val_start="2026-01-05T12:00", test_start="2026-01-05T20:00")
+    dm = setup(with_(data_cfg, split=split))
+    assert dm.splits["cuts"] == {
+        "val_start": "2026-01-05T12:00:00Z",
+        "test_start": "2026-01-05T20:00:00Z",
+        "embargo": 4,
+        "train_end": "2026-01-05T11:40:00Z",  # 4 bars before
+        "val_end": "2026-01-05T19:40:00Z",
+    }
+    assert dm.splits["instruments"]["AAA"]["val"][0] == "2026-01-05T12:00:00Z"  # bar 144
+    late = with_(data_cfg, split=with_(split, test_start="2027-01-01"))  # after the data
+    with pytest.raises(DataError, match="^the test split has no complete window .*test from "):
+        setup(late)
 
 
 def test_normalization_uses_train_rows_only(tmp_path, data_cfg):
@@ -59,7 +125,7 @@ def test_normalization_uses_train_rows_only(tmp_path, data_cfg):
     cols["f2"][250:300] += 1000.0  # a shift inside AAA's test rows only
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "shift.parquet", cols)))
     dm = setup(cfg)
-    train = np.r_[0:180, 300:420]
+    train = np.r_[0:180, 300:480]  # the rows before the validation period, of both
     f2 = dm.schema.encoder_columns.index("f2")
     assert dm.schema.input_mean[f2] == pytest.approx(cols["f2"][train].mean())
     assert dm.schema.input_std[f2] == pytest.approx(cols["f2"][train].std())
@@ -149,9 +215,11 @@ def test_nan_is_an_error_naming_column_and_count(tmp_path, data_cfg):
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "nan.parquet", cols)))
     with pytest.raises(DataError, match=r"NaN/inf values in instrument AAA: 'f1' \(4\)"):
         setup(cfg)
-    assert len(setup(with_(cfg, nan_policy="drop")).datasets["train"]) == 159 + 101
+    # training windows of an instrument: its bars before the validation period (180 of both;
+    # AAA 176 once 4 are dropped) less the embargo (4) and one window's span less one (19)
+    assert len(setup(with_(cfg, nan_policy="drop")).datasets["train"]) == 153 + 157
     ffilled = setup(with_(cfg, nan_policy="ffill"))
-    assert len(ffilled.datasets["train"]) == 161 + 101
+    assert len(ffilled.datasets["train"]) == 157 + 157
 
 
 def test_unsorted_time(tmp_path, data_cfg):
@@ -162,11 +230,14 @@ def test_unsorted_time(tmp_path, data_cfg):
         setup(cfg)
 
 
-def test_instrument_too_short(tmp_path, data_cfg):
-    cols = make_table({"AAA": 300, "BBB": 30})
+def test_an_instrument_without_windows_in_a_split_is_said_once(tmp_path, data_cfg, caplog):
+    cols = make_table({"AAA": 300, "BBB": 12})  # BBB: 12 bars, too few for one window
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "short.parquet", cols)))
-    with pytest.raises(DataError, match="instrument BBB is too short: 30 usable rows"):
-        setup(cfg)
+    with caplog.at_level(logging.INFO, logger="foxhunt.data.datamodule"):
+        dm = setup(cfg)
+    said = [r.getMessage() for r in caplog.records if "BBB" in r.getMessage()]
+    assert said == [f"data: no {split} windows for BBB" for split in ("train", "val", "test")]
+    assert dm.splits["instruments"]["BBB"] == {"train": None, "val": None, "test": None}
 
 
 def test_non_numeric_feature(tmp_path, data_cfg):

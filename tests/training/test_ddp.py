@@ -28,13 +28,18 @@ from tests.training.ddp_probe import OOM_STEP, Probe
 
 PROBE = "../tests/training/ddp_probe.py"  # run_cli's scripts/ relative
 DDP = ("trainer=ddp", "trainer.devices=2")
-# 1 process at batch 16 against 2 at 8: the same global batches (312 train windows, even, so
-# no padding); dropout off, as the processes' dropout masks differ from one process's.
-# Validation at 17 gives the processes 3 and 2 batches (69 windows: 35 and 34): a collective
-# in a validation step would hang.
-COMMON = ("trainer.max_epochs=1", "model.dropout=0", "memory.val_batch_size=17")
+# 1 process at batch 16 against 2 at 8: the same global batches (356 train windows, even, so
+# no padding: 23 steps); dropout off, as the processes' dropout masks differ from one
+# process's. Validation at 23 gives the processes 2 and 1 batches (47 windows: 24 and 23): a
+# collective in a validation step would hang.
+COMMON = (
+    "trainer.max_epochs=1",
+    "model.dropout=0",
+    "data.val_fraction=0.18",
+    "memory.val_batch_size=23",
+)
 # float32 sums over 8 or 16 samples in another order: measured 0 for val_loss and test_loss
-# and 1e-7 relative for test_mae after one epoch (20 steps); 1e-5 leaves room for other
+# and 1e-7 relative for test_mae after one epoch; 1e-5 leaves room for other
 # thread counts and BLAS kernels while an off-by-one batch or a missed all-reduce is ~1e-2
 REL_TOL = 1e-5
 
@@ -78,9 +83,9 @@ def test_two_processes_shard_sync_and_match_one_at_the_same_global_batch(tmp_pat
     one = json.loads((tmp_path / "single" / "probe_rank0.json").read_text())["batches"]
     two = [p["batches"] for p in probes(run_dir)]
     two_metrics = [p["metrics"] for p in probes(run_dir)]
-    assert len(two[0]) == len(two[1]) == len(one) == summary["global_step"] == 20
+    assert len(two[0]) == len(two[1]) == len(one) == summary["global_step"] == 23
     assert [sorted(a + b) for a, b in zip(*two, strict=True)] == [sorted(b) for b in one]
-    dm = ParquetDataModule(compose_train(*tiny_overrides(table_path)).data)
+    dm = ParquetDataModule(compose_train(*tiny_overrides(table_path, *COMMON)).data)
     dm.setup()
     every = sorted(dm.datasets["train"].starts.tolist())
     assert sorted(i for b in two[0] + two[1] for i in b) == every
@@ -106,7 +111,7 @@ def test_two_processes_shard_sync_and_match_one_at_the_same_global_batch(tmp_pat
     assert [p["resumed_from"] for p in probes(Path(after["run_dir"]))] == [
         summary["last_checkpoint"]
     ] * 2
-    assert after["global_step"] == 40
+    assert after["global_step"] == 2 * 23
     logs = {p.name: p.read_text() for p in Path(after["run_dir"]).glob("*.log")}
     assert "resume=auto: resuming from" in logs["train.log"]  # resolved by rank 0 alone
     assert "resume=auto" not in logs["train_ddp_process_1.log"]  # handed the path

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.train import SUMMARY_METRICS, train
 from foxhunt.training.checkpoint_io import read_checkpoint_hparams
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
-from tests.helpers import compose_train, run_cli, tiny_overrides
+from tests.helpers import FIVE_MIN, T0, compose_train, run_cli, tiny_overrides
 
 
 def epoch_losses(run_dir: Path) -> list[float]:
@@ -34,6 +35,20 @@ def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_pat
     for key in SUMMARY_METRICS:
         assert summary["metrics"][key] is not None, key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    # one calendar for both: the cuts leave 15% and 15% of the 300 distinct times (AAA's) to
+    # validation and test; BBB's 200 bars end before the test period
+    assert summary["splits"]["cuts"] == {
+        "val_start": iso_time(T0 + 210 * FIVE_MIN),
+        "test_start": iso_time(T0 + 255 * FIVE_MIN),
+        "embargo": 4,  # data.prediction_length
+        "train_end": iso_time(T0 + 206 * FIVE_MIN),
+        "val_end": iso_time(T0 + 251 * FIVE_MIN),
+    }
+    assert summary["splits"]["instruments"]["BBB"]["test"] is None
+    assert summary["splits"]["instruments"]["AAA"]["test"] == [
+        iso_time(T0 + 255 * FIVE_MIN),
+        iso_time(T0 + 299 * FIVE_MIN),
+    ]
 
     # the checkpoint alone (no config) rebuilds the model and reproduces the test loss
     restored = TFTModule.load_from_checkpoint(summary["best_checkpoint"], map_location="cpu")

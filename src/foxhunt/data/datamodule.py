@@ -15,15 +15,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from foxhunt.data.read import Loaded, load
+from foxhunt.data.read import Loaded, load, timeline
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
     SPLITS,
+    Cuts,
     as_float32,
+    calendar_cuts,
     check_normalized,
     mean_std,
     normalized_statics,
+    split_record,
     split_starts,
 )
 from foxhunt.data.store import open_store, wants_lazy
@@ -169,6 +172,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.schema: DataSchema | None = None
         self.datasets: dict[str, WindowDataset] = {}
         self.store_path: Path | None = None  # the lazy path's window store (data.lazy)
+        self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
 
     def prepare_data(self) -> None:
         if self.cfg.generate_if_missing:
@@ -181,13 +185,16 @@ class ParquetDataModule(L.LightningDataModule):
         if wants_lazy(self.cfg):
             self._build_lazy()
         else:
-            self._build(load(self.cfg))
+            loaded = load(self.cfg)  # first: its checks name what is wrong with the files
+            self._build(loaded, calendar_cuts(timeline(self.cfg), self.cfg))
 
-    def _build(self, loaded: Loaded) -> None:
+    def _build(self, loaded: Loaded, cuts: Cuts) -> None:
         """The in-memory path: every instrument at once, normalized into one tensor."""
         cfg = self.cfg
         series = list(loaded.series)
-        splits = [split_starts(len(s.target), cfg, s.name) for s in series]
+        E, H = cfg.encoder_length, cfg.prediction_length
+        splits = [split_starts(s.time_ns, cuts, E, H) for s in series]
+        self.splits = split_record(cuts, series, splits, E, H)
         offsets = np.cumsum([0] + [len(s.target) for s in series])[:-1]
         inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
         statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
@@ -252,6 +259,7 @@ class ParquetDataModule(L.LightningDataModule):
             for a in (store.inputs, store.target, store.known, store.group, store.static)
         )
         schema = DataSchema.from_dict(store.schema)
+        self.splits = store.splits
         self._make_datasets(
             schema, inputs, target, known, group, static, store.starts, store.instruments
         )
@@ -270,9 +278,13 @@ class ParquetDataModule(L.LightningDataModule):
         cfg = self.cfg
         for split in SPLITS:
             if len(starts[split]) == 0 and (split == "train" or _fraction(cfg, split) > 0):
+                cuts = self.splits["cuts"]
                 raise DataError(
-                    f"the {split} split has no complete window: increase "
-                    f"data.{split}_fraction or shorten data.encoder_length/prediction_length"
+                    f"the {split} split has no complete window (validation from "
+                    f"{cuts['val_start']}, test from {cuts['test_start']}, embargo "
+                    f"{cuts['embargo']} bars): move the cuts (data.val_fraction, "
+                    "data.test_fraction or data.split.*) or shorten "
+                    "data.encoder_length/prediction_length"
                 )
             self.datasets[split] = WindowDataset(
                 inputs,
@@ -286,6 +298,10 @@ class ParquetDataModule(L.LightningDataModule):
                 bool(cfg.group_column),
             )
         self.schema = schema
+        for split in SPLITS:
+            empty = [n for n, spans in self.splits["instruments"].items() if spans[split] is None]
+            if empty and len(empty) < instruments:  # (the whole split empty is said above)
+                log.info("data: no %s windows for %s", split, ", ".join(empty))
         if schema.skipped:
             log.warning(
                 "data: skipped by data.features=all: %s",

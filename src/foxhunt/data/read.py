@@ -307,6 +307,17 @@ def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
     return Loaded.of(plan, series)
 
 
+def timeline(cfg: Any) -> np.ndarray:
+    """Every distinct time of the data, all instruments together (sorted int64 ns), reading
+    only the time column a file at a time: the calendar the splits cut (`data.splits`)."""
+    dataset = open_dataset(cfg.path)
+    times = [
+        np.unique(time_ns_of(read_file(dataset, fragment, [cfg.time_column]), cfg))
+        for fragment in dataset.get_fragments()
+    ]
+    return np.unique(np.concatenate(times)) if times else np.zeros(0, np.int64)
+
+
 def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
     """The instrument vocabulary, reading only the group column, a file at a time."""
     if column is None:

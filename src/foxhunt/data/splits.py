@@ -1,43 +1,134 @@
-"""The chronological train/val/test split of each instrument and the train-split normalization:
-one definition that both data paths (in memory, `foxhunt.data.datamodule`, and the disk-backed
-store, `foxhunt.data.store`) and predict use, so that they give the same numbers."""
+"""The train/val/test split on one calendar for all instruments, with an embargo at each cut,
+and the train-split normalization: one definition that both data paths (in memory,
+`foxhunt.data.datamodule`, and the disk-backed store, `foxhunt.data.store`) and predict use, so
+that they give the same numbers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from foxhunt.config import parse_time
 from foxhunt.errors import DataError
 
 SPLITS = ("train", "val", "test")
 
 
-def split_starts(n: int, cfg: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Window starts (relative to the series) of each split, and the number of train rows.
+NO_CUT = np.iinfo(np.int64).max  # a period that never starts (data.test_fraction=0)
 
-    A window's decoder rows lie wholly inside one split; val/test encoders may reach back into
-    earlier splits (that is the past, not leakage)."""
-    E, H = cfg.encoder_length, cfg.prediction_length
+
+@dataclass(frozen=True)
+class Cuts:
+    """One set of cut times (int64 ns) for every instrument: training targets before
+    `train_end`, validation targets from `val_start` to before `val_end`, test targets from
+    `test_start` on. `train_end` and `val_end` lie `embargo` bars of the common timeline before
+    the next period's start: an embargo no target falls in. On a shared calendar no instrument's
+    training target lies in another's test period (per-instrument fractions put overlapping
+    contracts' test bars in each other's training)."""
+
+    val_start: int
+    test_start: int
+    embargo: int
+    train_end: int
+    val_end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "val_start": iso_time(self.val_start),
+            "test_start": iso_time(self.test_start),
+            "embargo": self.embargo,
+            "train_end": iso_time(self.train_end),
+            "val_end": iso_time(self.val_end),
+        }
+
+
+def iso_time(ns: int) -> str | None:
+    """int64 nanoseconds as an ISO date-time in UTC (None for NO_CUT)."""
+    if ns == NO_CUT:
+        return None
+    unit = "s" if ns % 10**9 == 0 else "ns"
+    return f"{np.datetime_as_string(np.datetime64(int(ns), 'ns'), unit=unit)}Z"
+
+
+def calendar_cuts(timeline: np.ndarray, cfg: Any) -> Cuts:
+    """The cuts of `cfg` (the data config) on `timeline`, every distinct time of every
+    instrument (sorted): data.split.val_start / test_start where given, else the times that
+    leave data.val_fraction / data.test_fraction of the timeline to each later split."""
+    n = len(timeline)
     n_test = int(round(n * cfg.test_fraction))
     n_val = int(round(n * cfg.val_fraction))
-    n_train = n - n_val - n_test
-    if n_train < E + H:
-        raise DataError(
-            f"instrument {name} is too short: {n} usable rows leave {n_train} for training, "
-            f"one window needs encoder_length + prediction_length = {E + H}"
-        )
+    test = parse_time("data.split.test_start", cfg.split.test_start)
+    if test is None:
+        test = int(timeline[n - n_test]) if n_test else NO_CUT
+    val = parse_time("data.split.val_start", cfg.split.val_start)
+    if val is None:
+        before_test = int(np.searchsorted(timeline, test))  # the timeline's rows before test
+        val = int(timeline[before_test - n_val]) if n_val and before_test > n_val else test
+    embargo = cfg.prediction_length if cfg.split.embargo is None else cfg.split.embargo
 
-    def starts(first_decoder: int, end: int) -> np.ndarray:
-        return np.arange(max(first_decoder - E, 0), end - E - H + 1, dtype=np.int64)
+    def embargo_start(cut: int) -> int:  # `embargo` distinct times before the cut
+        if cut == NO_CUT or embargo == 0:
+            return cut
+        return int(timeline[max(int(np.searchsorted(timeline, cut)) - embargo, 0)])
+
+    return Cuts(val, test, embargo, embargo_start(val), embargo_start(test))
+
+
+def split_starts(
+    time_ns: np.ndarray, cuts: Cuts, encoder_length: int, prediction_length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Window starts (rows of one instrument) of each split, and its rows before val_start
+    (the training period, whose statistics normalize the data).
+
+    A window belongs to the split whose period holds all of its targets (decoder rows), the
+    embargo before each cut excepted; val/test encoders may reach back into earlier periods
+    (that is the past, not leakage)."""
+    E, H = encoder_length, prediction_length
+    times = [cuts.train_end, cuts.val_start, cuts.val_end, cuts.test_start]
+    train_end, val, val_end, test = (int(i) for i in np.searchsorted(time_ns, times))
+
+    def starts(first_target: int, end: int) -> np.ndarray:
+        return np.arange(max(first_target - E, 0), end - E - H + 1, dtype=np.int64)
 
     return (
-        starts(0, n_train),
-        starts(n_train, n_train + n_val),
-        starts(n_train + n_val, n),
-        n_train,
+        starts(0, train_end),
+        starts(val, val_end),
+        starts(test, len(time_ns)),
+        val,
     )
+
+
+def split_record(
+    cuts: Cuts, series: list[Any], splits: list[tuple], encoder_length: int, prediction_length: int
+) -> dict[str, Any]:
+    """What summary.json records of the splits: the cuts, and per instrument the first and last
+    target time of each split (None: no window there)."""
+    return {
+        "cuts": cuts.to_dict(),
+        "instruments": {
+            s.name: {
+                split: target_span(s.time_ns, starts, encoder_length, prediction_length)
+                for split, starts in zip(SPLITS, sp[:3], strict=True)
+            }
+            for s, sp in zip(series, splits, strict=True)
+        },
+    }
+
+
+def target_span(
+    time_ns: np.ndarray, starts: np.ndarray, encoder_length: int, prediction_length: int
+) -> list[str | None] | None:
+    """[first, last] target time (ISO) of one instrument's windows in a split; None if none."""
+    if len(starts) == 0:
+        return None
+    first = time_ns[starts.min() + encoder_length]
+    return [
+        iso_time(first),
+        iso_time(time_ns[starts.max() + encoder_length + prediction_length - 1]),
+    ]
 
 
 def _floored(std: np.ndarray) -> np.ndarray:

@@ -42,21 +42,24 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from foxhunt.data.columns import model_inputs, resolve_columns
+from foxhunt.data.read import timeline
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import (
     SPLITS,
     Moments,
     as_float32,
+    calendar_cuts,
     check_normalized,
     mean_std,
     normalized_statics,
+    split_record,
     split_starts,
 )
 from foxhunt.data.stream import stream
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: calendar splits
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
 # settings that do not change the stored rows, so a change reuses the store
@@ -143,6 +146,7 @@ class Store:
     static: np.ndarray
     starts: dict[str, np.ndarray]
     schema: dict[str, Any]
+    splits: dict[str, Any]  # the cuts and each instrument's target spans (splits.split_record)
     instruments: int
     path: Path
     reused: bool
@@ -166,6 +170,7 @@ def _open(entry: Path, reused: bool) -> Store:
         static=np.load(entry / "static.npy"),
         starts={s: _memmap(entry / f"{s}.i64", np.int64, (meta[s],)) for s in SPLITS},
         schema=meta["schema"],
+        splits=meta["splits"],
         instruments=meta["instruments"],
         path=entry,
         reused=reused,
@@ -223,7 +228,10 @@ def _evict_older(entry: Path) -> None:
 
 
 def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
-    loaded = stream(cfg, folder / "spill")
+    loaded = stream(cfg, folder / "spill")  # first: its checks name what is wrong with the files
+    cuts = calendar_cuts(timeline(cfg), cfg)
+    E, H = cfg.encoder_length, cfg.prediction_length
+    spans: dict[str, dict] = {}
     columns = 1 + len(loaded.observed) + len(loaded.known)
     moments = Moments(columns)
     names: list[str] = []
@@ -239,7 +247,8 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
         open(folder / "test.i64", "wb") as test_f,
     ):
         for s in loaded.series:
-            *starts, n_train = split_starts(len(s.target), cfg, s.name)
+            *starts, n_train = split_starts(s.time_ns, cuts, E, H)
+            spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
             block = np.column_stack([s.target, s.observed, s.known])
             moments.add(block[:n_train])
             block.tofile(scratch_f)
@@ -289,6 +298,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
         "instruments": len(names),
         **counts,
         "schema": schema,
+        "splits": {"cuts": cuts.to_dict(), "instruments": spans},
     }
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
