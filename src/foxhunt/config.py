@@ -75,6 +75,10 @@ class SplitConfig:
     test_start: str | None = None
     # bars before each cut that hold no target of the earlier split; null: prediction_length
     embargo: int | None = None
+    # the first training target / the end of the test period (a walk-forward fold); null: the
+    # data's first / last bar
+    train_start: str | None = None
+    test_end: str | None = None
 
 
 @dataclass
@@ -302,11 +306,15 @@ def validate(cfg: Any) -> None:
         sp.embargo is None or sp.embargo >= 0,
         f"data.split.embargo must be >= 0 bars or null, got {sp.embargo}",
     )
-    starts = [parse_time(f"data.split.{k}", getattr(sp, k)) for k in ("val_start", "test_start")]
-    _check(
-        None in starts or starts[0] <= starts[1],
-        f"data.split.val_start={sp.val_start} is after data.split.test_start={sp.test_start}",
-    )
+    keys = ("train_start", "val_start", "test_start", "test_end")
+    times = {k: parse_time(f"data.split.{k}", getattr(sp, k)) for k in keys}
+    given = [k for k in keys if times[k] is not None]
+    for a, b in itertools.pairwise(given):
+        _check(
+            times[a] <= times[b] and (times[a] < times[b] or b != "test_end"),
+            f"data.split.{a}={getattr(sp, a)} is "
+            f"{'after' if times[a] > times[b] else 'not before'} data.split.{b}={getattr(sp, b)}",
+        )
     features = d.features
     _check(
         features in ("all", "ohlcv") or (not isinstance(features, str) and len(features) > 0),

@@ -76,7 +76,7 @@ def test_no_window_has_a_target_in_another_splits_period(tmp_path, data_cfg, laz
     cfg = with_(cfg, lazy=lazy, split=with_(cfg.split, embargo=embargo), cache_dir=str(tmp_path))
     dm = setup(cfg)
     E, H = cfg.encoder_length, cfg.prediction_length
-    cuts = {k: np.datetime64(v.rstrip("Z"), "ns") for k, v in dm.splits["cuts"].items() if "_" in k}
+    cuts = {k: np.datetime64(v[:-1], "ns") for k, v in dm.splits["cuts"].items() if v and "_" in k}
     assert dm.splits["cuts"]["embargo"] == (H if embargo is None else embargo)
     # each row's time, in the order of the store (instruments sorted by name, then time)
     order = np.lexsort((cols["timestamp"], cols["symbol"]))
@@ -113,8 +113,15 @@ def test_explicit_cuts_and_a_split_left_empty(data_cfg):
         "embargo": 4,
         "train_end": "2026-01-05T11:40:00Z",  # 4 bars before
         "val_end": "2026-01-05T19:40:00Z",
+        "train_start": None,
+        "test_end": None,
     }
     assert dm.splits["instruments"]["AAA"]["val"][0] == "2026-01-05T12:00:00Z"  # bar 144
+    # a walk-forward fold: training targets from train_start, the test period ends at test_end
+    fold = with_(split, train_start="2026-01-05T04:00", test_end="2026-01-05T22:00")
+    spans = setup(with_(data_cfg, split=fold)).splits["instruments"]["AAA"]
+    assert spans["train"][0] == "2026-01-05T04:00:00Z"
+    assert spans["test"] == ["2026-01-05T20:00:00Z", "2026-01-05T21:55:00Z"]
     late = with_(data_cfg, split=with_(split, test_start="2027-01-01"))  # after the data
     with pytest.raises(DataError, match="^the test split has no complete window .*test from "):
         setup(late)

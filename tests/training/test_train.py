@@ -43,6 +43,8 @@ def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_pat
         "embargo": 4,  # data.prediction_length
         "train_end": iso_time(T0 + 206 * FIVE_MIN),
         "val_end": iso_time(T0 + 251 * FIVE_MIN),
+        "train_start": None,
+        "test_end": None,
     }
     assert summary["splits"]["instruments"]["BBB"]["test"] is None
     assert summary["splits"]["instruments"]["AAA"]["test"] == [

@@ -199,7 +199,10 @@ class ParquetDataModule(L.LightningDataModule):
         inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
         statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
         train_rows = np.concatenate(
-            [np.arange(o, o + sp[3]) for o, sp in zip(offsets, splits, strict=True)]
+            [
+                np.arange(o + sp[3].start, o + sp[3].stop)
+                for o, sp in zip(offsets, splits, strict=True)
+            ]
         )
         group_names = [s.name for s in series] if cfg.group_column else []
         schema = DataSchema(

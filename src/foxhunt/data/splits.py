@@ -18,6 +18,7 @@ SPLITS = ("train", "val", "test")
 
 
 NO_CUT = np.iinfo(np.int64).max  # a period that never starts (data.test_fraction=0)
+NO_START = np.iinfo(np.int64).min  # no bound before the data
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Cuts:
     embargo: int
     train_end: int
     val_end: int
+    train_start: int = NO_START  # a walk-forward fold's: the first training target
+    test_end: int = NO_CUT  # and the end of its test period
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,12 +45,14 @@ class Cuts:
             "embargo": self.embargo,
             "train_end": iso_time(self.train_end),
             "val_end": iso_time(self.val_end),
+            "train_start": iso_time(self.train_start),
+            "test_end": iso_time(self.test_end),
         }
 
 
 def iso_time(ns: int) -> str | None:
-    """int64 nanoseconds as an ISO date-time in UTC (None for NO_CUT)."""
-    if ns == NO_CUT:
+    """int64 nanoseconds as an ISO date-time in UTC (None for NO_CUT and NO_START)."""
+    if ns in (NO_CUT, NO_START):
         return None
     unit = "s" if ns % 10**9 == 0 else "ns"
     return f"{np.datetime_as_string(np.datetime64(int(ns), 'ns'), unit=unit)}Z"
@@ -74,30 +79,41 @@ def calendar_cuts(timeline: np.ndarray, cfg: Any) -> Cuts:
             return cut
         return int(timeline[max(int(np.searchsorted(timeline, cut)) - embargo, 0)])
 
-    return Cuts(val, test, embargo, embargo_start(val), embargo_start(test))
+    first = parse_time("data.split.train_start", cfg.split.train_start)
+    end = parse_time("data.split.test_end", cfg.split.test_end)
+    return Cuts(
+        val,
+        test,
+        embargo,
+        embargo_start(val),
+        embargo_start(test),
+        NO_START if first is None else first,
+        NO_CUT if end is None else end,
+    )
 
 
 def split_starts(
     time_ns: np.ndarray, cuts: Cuts, encoder_length: int, prediction_length: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Window starts (rows of one instrument) of each split, and its rows before val_start
-    (the training period, whose statistics normalize the data).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, slice]:
+    """Window starts (rows of one instrument) of each split, and its rows of the training
+    period, from train_start to val_start (whose statistics normalize the data).
 
     A window belongs to the split whose period holds all of its targets (decoder rows), the
     embargo before each cut excepted; val/test encoders may reach back into earlier periods
     (that is the past, not leakage)."""
     E, H = encoder_length, prediction_length
-    times = [cuts.train_end, cuts.val_start, cuts.val_end, cuts.test_start]
-    train_end, val, val_end, test = (int(i) for i in np.searchsorted(time_ns, times))
+    times = [cuts.train_start, cuts.train_end, cuts.val_start, cuts.val_end, cuts.test_start]
+    first, train_end, val, val_end, test = (int(i) for i in np.searchsorted(time_ns, times))
+    end = int(np.searchsorted(time_ns, cuts.test_end))
 
     def starts(first_target: int, end: int) -> np.ndarray:
         return np.arange(max(first_target - E, 0), end - E - H + 1, dtype=np.int64)
 
     return (
-        starts(0, train_end),
+        starts(first, train_end),
         starts(val, val_end),
-        starts(test, len(time_ns)),
-        val,
+        starts(test, end),
+        slice(first, val),
     )
 
 

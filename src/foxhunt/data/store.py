@@ -247,10 +247,10 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
         open(folder / "test.i64", "wb") as test_f,
     ):
         for s in loaded.series:
-            *starts, n_train = split_starts(s.time_ns, cuts, E, H)
+            *starts, train_rows = split_starts(s.time_ns, cuts, E, H)
             spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
             block = np.column_stack([s.target, s.observed, s.known])
-            moments.add(block[:n_train])
+            moments.add(block[train_rows])
             block.tofile(scratch_f)
             np.full(len(block), len(names), np.int64).tofile(ordinal_f)
             for split, f, st in zip(SPLITS, (train_f, val_f, test_f), starts, strict=True):
