@@ -15,6 +15,7 @@ LAYERS = [
     {"errors", "files", "config", "data", "models"},
     {"quantization"},
     {"training"},
+    {"evaluation"},  # the baselines: windows (data) scored with training's metrics
     {"memory"},
     {  # the app layer
         "interpret",
@@ -26,6 +27,7 @@ LAYERS = [
         "sweep",
         "cli",
         "rundir",
+        "backtest",
         "",
     },
 ]

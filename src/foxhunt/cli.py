@@ -133,13 +133,16 @@ def _one_line(exc: Exception) -> str:
     return f"{head}: {str(cause).splitlines()[0]} (full_key: {cause.full_key})"
 
 
-def run(hydra_main: Callable[[], Any]) -> None:
+def run(
+    hydra_main: Callable[[], Any],
+    resume: Callable[[list[str]], list[str]] = resume_sweep,
+) -> None:
     """Call a `@hydra.main` function. A config Hydra cannot compose (an unknown key, a value of
     the wrong type or outside an enum) is the user's error: one line, exit 2, before any task
-    starts."""
+    starts. `resume` rewrites the command line first (into an earlier run's directory)."""
     register_configs()
     try:
-        sys.argv[1:] = resume_sweep(sys.argv[1:])
+        sys.argv[1:] = resume(sys.argv[1:])
     except FoxhuntError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)

@@ -31,6 +31,8 @@ PrecisionName = StrEnum("PrecisionName", ["fp32", "bf16", "int8"])
 QatBackend = StrEnum("QatBackend", ["torch.ao", "torchao"])
 Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
+BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
+Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
 # what a run reports (summary.json's metrics) and a sweeper may optimise
 Metric = StrEnum(
     "Metric",
@@ -222,6 +224,19 @@ class MemoryConfig:
 
 
 @dataclass
+class BacktestConfig:
+    """Walk-forward folds (`foxhunt.backtest`); spans are bars of the common timeline."""
+
+    folds: int = 5
+    mode: BacktestMode = BacktestMode.expanding  # rolling: train_span bars of training per fold
+    test_span: int | None = None  # null: the last data.test_fraction of the timeline, split evenly
+    val_span: int | None = None  # null: data.val_fraction of the bars before the first test period
+    train_span: int | None = None  # rolling; null: what the first fold trains on
+    refit: Refit = Refit.full
+    fold: int | None = None  # run this fold alone (a multirun's job: -m backtest.fold=0,1,2)
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
@@ -237,6 +252,7 @@ class TrainConfig:
     resume: Resume | None = None  # the newest last.ckpt of this experiment (or_new: or fresh)
     optimized_metric: Metric = Metric.val_loss  # what train.py returns to a Hydra sweeper
     report: bool = True  # report.md, interpretation.json and plots in the run directory
+    backtest: BacktestConfig | None = None  # walk-forward folds: conf/backtest.yaml
 
 
 def register_configs() -> None:

@@ -1,5 +1,6 @@
 """The run report: `report.md` in a training run's directory, with learning curves, test metrics
-against the naive baseline, calibration and the interpretation plots (`foxhunt.interpret`)."""
+against the naive baseline and the honest ones, calibration and the interpretation plots
+(`foxhunt.interpret`)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def write_report(
         _memory_section(summary),
         _curves_section(epochs, drew),
         _metrics_section(summary, interpretation),
+        _baselines_section(summary),
         _calibration_section(interpretation),
         _interpretation_section(interpretation),
     ]
@@ -333,6 +335,55 @@ def _metrics_section(summary: dict[str, Any], interpretation: dict[str, Any]) ->
     kind = interpretation.get("target_kind")
     naive = "a zero return" if kind == "return" else "the last observed value"
     return [*lines, "", f"Naive baseline: {naive} for every forecast step."]
+
+
+def _baselines_section(summary: dict[str, Any]) -> list[str]:
+    """Each baseline's losses beside the model's, the skill against the strongest, named, and
+    the directional accuracy beside the base rate it must beat."""
+    m, baselines = summary.get("metrics") or {}, summary.get("baselines")
+    if not baselines:
+        return ["## Baselines", "", "(Not scored in this run.)"]
+    loss = m.get("test_loss")
+    rows = [["**model**", loss, m.get("val_loss"), None, m.get("test_directional_accuracy"), ""]]
+    for name, b in baselines.items():
+        if "skipped" in b:
+            rows.append([name, None, None, None, None, f"skipped: {b['skipped']}"])
+            continue
+        against = None
+        if loss is not None and b.get("test_loss"):
+            against = f"{1 - loss / b['test_loss']:+.1%}"
+        rows.append(
+            [
+                name,
+                b.get("test_loss"),
+                b.get("val_loss"),
+                against,
+                b.get("test_directional_accuracy"),
+                b["about"],
+            ]
+        )
+    head = ["forecast", "test loss", "validation loss", "model's skill", "direction", "what"]
+    lines = [
+        "## Baselines",
+        "",
+        "Fit on the training windows only, scored on the model's own validation and test windows "
+        "with its quantile loss (normalized); skill = 1 - model's test loss / baseline's.",
+        "",
+        *_table(head, rows),
+        "",
+    ]
+    if m.get("skill") is not None:
+        lines.append(
+            f"**Skill against the strongest baseline ({m['best_baseline']}): {m['skill']:+.2%}**"
+            f" ({'better' if m['skill'] > 0 else 'no better'} than it on the test windows)."
+        )
+    accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
+    if accuracy is not None and up is not None:
+        lines.append(
+            f"Directional accuracy {accuracy:.1%} against a base rate of {max(up, 1 - up):.1%} "
+            f"(always {'up' if up >= 0.5 else 'down'}: {up:.1%} of the test moves were up)."
+        )
+    return lines
 
 
 def _calibration_section(interpretation: dict[str, Any]) -> list[str]:

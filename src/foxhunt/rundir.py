@@ -40,7 +40,10 @@ def experiment_key(overrides: Sequence[str]) -> set[str]:
 
 def _results(run_dir: Path) -> list[str]:
     """What an earlier run left in `run_dir` that a fresh run would overwrite."""
-    found = [p for p in ("summary.json", "multirun.yaml") if (run_dir / p).exists()]
+    # backtest.json: a backtest's fold plan, written before its first fold (foxhunt.backtest)
+    found = [
+        p for p in ("summary.json", "multirun.yaml", "backtest.json") if (run_dir / p).exists()
+    ]
     found += [p.name for p in (run_dir / "checkpoints").glob("*.ckpt")]
     found += [p.parent.name for p in run_dir.glob("*/*/metrics.csv")]
     return found

@@ -51,6 +51,8 @@ def _job(job_dir: Path) -> dict[str, Any]:
         "metric_name": metric_name,
     }
     summary, status = job_dir / "summary.json", job_dir / "status.json"
+    if not summary.exists():  # a job of scripts/backtest.py: its folds pooled
+        summary = job_dir / "backtest_summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
         m = s["metrics"]

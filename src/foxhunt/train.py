@@ -30,6 +30,7 @@ from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.evaluation.baselines import score_baselines, skill
 from foxhunt.files import check_writable, remove_stale_temps, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
@@ -178,9 +179,12 @@ def train(
     run_dir: Path,
     extra_callbacks: Sequence[L.Callback] = (),
     overrides: Sequence[str] = (),
+    init_weights: Path | None = None,
 ) -> dict[str, Any]:
     """Fit and test the configured TFT in `run_dir`; return the summary written there.
-    `overrides` (the command line's) identify the experiment for `resume=auto`."""
+    `overrides` (the command line's) identify the experiment for `resume=auto`;
+    `init_weights`: a checkpoint whose weights (not its optimizer or epoch) this run starts
+    from, unless it resumes (a walk-forward fold fine-tuned from the previous fold's best)."""
     started = time.perf_counter()
     validate(cfg)
     for directory in (run_dir, run_dir / "checkpoints"):  # before any data is read
@@ -243,6 +247,10 @@ def train(
         precision=precision_cfg,
     )
     module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
+    if init_weights and not ckpt_path:
+        _, hparams, ckpt = read_checkpoint_hparams(init_weights)
+        _check_same_model(hparams, model_cfg, cfg.precision.name)
+        module.load_state_dict(ckpt["state_dict"])
 
     if trainer.world_size > 1:
         _before_other_processes(cfg, trainer, ckpt_path)
@@ -264,6 +272,7 @@ def train(
     summary = {
         "run_dir": str(run_dir),
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        "initialized_from": str(init_weights) if init_weights else None,
         "best_checkpoint": best,
         "last_checkpoint": last,
         "epochs": trainer.current_epoch,
@@ -283,6 +292,11 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
+    if trainer.is_global_zero:  # scored on the model's own validation and test windows
+        summary["baselines"], headline = _baselines(
+            tested["test_loss"], datamodule, model_cfg["quantiles"], cfg.seed
+        )
+        summary["metrics"] |= headline
     if trainer.is_global_zero:  # the best model, exported without pickle
         init = model_init(model_cfg, datamodule.schema)
         if cfg.precision.name == "int8":
@@ -302,6 +316,19 @@ def train(
             _report(cfg, run_dir, summary, module, datamodule)
     trainer.strategy.barrier("summary")  # the other processes end with rank 0, not after it
     return summary
+
+
+def _baselines(
+    test_loss: float, datamodule: ParquetDataModule, quantiles: list[float], seed: int
+) -> tuple[dict[str, dict], dict[str, Any]]:
+    """The baselines (`foxhunt.evaluation.baselines`) and the headline metrics: the skill
+    against the strongest of them, its name, the base rate of up moves."""
+    started = time.perf_counter()
+    kind = datamodule.schema.target_kind
+    baselines, up_share = score_baselines(datamodule.datasets, kind, quantiles, seed)
+    against, best = skill(test_loss, baselines)
+    log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
+    return baselines, {"skill": against, "best_baseline": best, "test_up_share": up_share}
 
 
 def export_and_test_int8(

@@ -75,6 +75,7 @@ def assert_same(eager: ParquetDataModule, lazy_dm: ParquetDataModule) -> None:
     for split in ("train", "val", "test"):
         x, y = eager.datasets[split], lazy_dm.datasets[split]
         assert torch.equal(x.starts, y.starts) and torch.equal(x.group, y.group)
+        assert torch.equal(x.time_ns, y.time_ns)  # (the baselines' seasons)
         if len(x) == 0:
             continue
         index = list(range(0, len(x), 7)) + [len(x) - 1]

@@ -52,12 +52,15 @@ class WindowDataset(Dataset):
         encoder_length: int,
         prediction_length: int,
         has_groups: bool,
+        time_ns: torch.Tensor | None = None,
     ) -> None:
         self.inputs = inputs  # [rows, 1 + observed + known], normalized
         self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
         self.target = target  # [rows], normalized
         self.group = group  # [rows] instrument index
         self.static_real = static_real  # [groups, static]
+        # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
+        self.time_ns = time_ns
         self.starts = torch.from_numpy(starts)
         self.enc_offsets = torch.arange(encoder_length)
         self.dec_offsets = torch.arange(encoder_length, encoder_length + prediction_length)
@@ -83,6 +86,14 @@ class WindowDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    def target_times(self, indices: np.ndarray) -> np.ndarray:
+        """The target (decoder) rows' times [len(indices), prediction_length], int64 ns UTC."""
+        if self.time_ns is None:
+            raise ValueError("these windows were built without their times")
+        return self.time_ns[
+            self.starts[torch.as_tensor(indices)][:, None] + self.dec_offsets
+        ].numpy()
 
 
 def window_tensors(
@@ -235,13 +246,14 @@ class ParquetDataModule(L.LightningDataModule):
             schema.to_dict(), [s.name for s in series], [s.static for s in series]
         )
         group_t = torch.from_numpy(np.repeat(group_of_series, [len(s.target) for s in series]))
+        time_t = torch.from_numpy(np.concatenate([s.time_ns for s in series]).astype(np.int64))
         static_t = torch.from_numpy(static_by_group.astype(np.float32))
         starts = {
             split: np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])
             for i, split in enumerate(SPLITS)
         }
         self._make_datasets(
-            schema, inputs_t, target_t, known_t, group_t, static_t, starts, len(series)
+            schema, inputs_t, target_t, known_t, group_t, static_t, time_t, starts, len(series)
         )
 
     def _build_lazy(self) -> None:
@@ -257,14 +269,21 @@ class ParquetDataModule(L.LightningDataModule):
         store = open_store(self.cfg, fixed, resolve)
         self.store_path = store.path
         log.info("data: %s the window store %s", "reusing" if store.reused else "built", store.path)
-        inputs, target, known, group, static = (
+        inputs, target, known, group, static, time_ns = (
             torch.from_numpy(a)
-            for a in (store.inputs, store.target, store.known, store.group, store.static)
+            for a in (
+                store.inputs,
+                store.target,
+                store.known,
+                store.group,
+                store.static,
+                store.time_ns,
+            )
         )
         schema = DataSchema.from_dict(store.schema)
         self.splits = store.splits
         self._make_datasets(
-            schema, inputs, target, known, group, static, store.starts, store.instruments
+            schema, inputs, target, known, group, static, time_ns, store.starts, store.instruments
         )
 
     def _make_datasets(
@@ -275,6 +294,7 @@ class ParquetDataModule(L.LightningDataModule):
         known: torch.Tensor,
         group: torch.Tensor,
         static: torch.Tensor,
+        time_ns: torch.Tensor,
         starts: dict[str, np.ndarray],
         instruments: int,
     ) -> None:
@@ -299,6 +319,7 @@ class ParquetDataModule(L.LightningDataModule):
                 cfg.encoder_length,
                 cfg.prediction_length,
                 bool(cfg.group_column),
+                time_ns,
             )
         self.schema = schema
         for split in SPLITS:

@@ -20,6 +20,7 @@ made earlier for the same data path.
     target.f32   [rows]                        column 0 of inputs, contiguous
     known.f32    [rows, known]                 the trailing columns of inputs, contiguous
     group.i64    [rows]                        index in the schema's instrument vocabulary
+    time.i64     [rows]                        each row's time, int64 ns UTC (for the baselines)
     static.npy   [groups, static]              normalized static reals
     train.i64, val.i64, test.i64               window starts of each split
     meta.json    shapes and the schema (with its normalization); written last
@@ -59,7 +60,7 @@ from foxhunt.data.stream import stream
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 2  # 2: calendar splits
+FORMAT_VERSION = 3  # 2: calendar splits; 3: time.i64
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
 # settings that do not change the stored rows, so a change reuses the store
@@ -144,6 +145,7 @@ class Store:
     known: np.ndarray
     group: np.ndarray
     static: np.ndarray
+    time_ns: np.ndarray
     starts: dict[str, np.ndarray]
     schema: dict[str, Any]
     splits: dict[str, Any]  # the cuts and each instrument's target spans (splits.split_record)
@@ -168,6 +170,7 @@ def _open(entry: Path, reused: bool) -> Store:
         known=_memmap(entry / "known.f32", np.float32, (rows, known)),
         group=_memmap(entry / "group.i64", np.int64, (rows,)),
         static=np.load(entry / "static.npy"),
+        time_ns=_memmap(entry / "time.i64", np.int64, (rows,)),
         starts={s: _memmap(entry / f"{s}.i64", np.int64, (meta[s],)) for s in SPLITS},
         schema=meta["schema"],
         splits=meta["splits"],
@@ -242,6 +245,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
     with (
         open(scratch, "wb") as scratch_f,
         open(ordinals, "wb") as ordinal_f,
+        open(folder / "time.i64", "wb") as time_f,
         open(folder / "train.i64", "wb") as train_f,
         open(folder / "val.i64", "wb") as val_f,
         open(folder / "test.i64", "wb") as test_f,
@@ -253,6 +257,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
             moments.add(block[train_rows])
             block.tofile(scratch_f)
             np.full(len(block), len(names), np.int64).tofile(ordinal_f)
+            s.time_ns.astype(np.int64).tofile(time_f)
             for split, f, st in zip(SPLITS, (train_f, val_f, test_f), starts, strict=True):
                 (st + rows).tofile(f)
                 counts[split] += len(st)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchmetrics import Metric
 
@@ -21,8 +23,8 @@ class _MeanMetric(Metric):
 
     full_state_update = False
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kwargs: Any) -> None:  # torchmetrics' options (sync_on_compute, ...)
+        super().__init__(**kwargs)
         self.add_state(
             "total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
         )
@@ -41,8 +43,8 @@ class _MeanMetric(Metric):
 class QuantileLoss(_MeanMetric):
     """The pinball loss of `quantile_loss`, accumulated over an epoch."""
 
-    def __init__(self, quantiles: list[float]) -> None:
-        super().__init__()
+    def __init__(self, quantiles: list[float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
 
     def update(self, pred: torch.Tensor, target: torch.Tensor) -> None:

@@ -1,0 +1,25 @@
+"""Walk-forward backtest: `python scripts/backtest.py backtest.folds=5 [train.py's overrides]`."""
+
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from foxhunt import backtest, cli
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="backtest")
+@cli.task
+def main(cfg: DictConfig) -> float:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    summary = backtest.run(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
+    print(json.dumps(summary))
+    # val_loss: the mean over the folds (one fold's with backtest.fold), for a sweeper
+    return summary["metrics"][cfg.optimized_metric]
+
+
+if __name__ == "__main__":
+    cli.run(main, resume=backtest.resume_argv)

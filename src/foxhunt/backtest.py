@@ -1,0 +1,543 @@
+"""Walk-forward backtests: `python scripts/backtest.py [train.py's overrides] backtest.folds=5`.
+
+The last `folds x test_span` bars of the common timeline (every distinct time of any instrument)
+are the folds' test periods, consecutive and in order. Fold k validates on the `val_span` bars
+just before its test period and trains on what comes before that: everything from the data's
+start (mode=expanding) or the last `train_span` bars (mode=rolling), with data.split.embargo bars
+kept out before each cut. A fold is an ordinary training run (`foxhunt.train.train` with its
+data.split.* cut times) in its own run directory: `fold-<k>/` of the backtest directory, or a
+multirun's job directory (`-m backtest.fold=0,1,2,3,4`, any Hydra launcher). Its test windows'
+forecasts go to its `oos_predictions.parquet`; `summarize` pools the folds into the backtest
+directory: oos_predictions.parquet, backtest_summary.json and backtest_report.md.
+See docs/backtest.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.cli import resume_sweep
+from foxhunt.data.read import timeline
+from foxhunt.data.source import ensure_sample
+from foxhunt.data.splits import NO_CUT, NO_START, iso_time
+from foxhunt.errors import ConfigError, FoxhuntError
+from foxhunt.files import write_atomic, write_json, write_text
+from foxhunt.predict import quantile_column
+from foxhunt.rundir import experiment_key
+from foxhunt.sweep import SweepSummary, markdown_table
+from foxhunt.train import train
+from foxhunt.training.step import validation_forward
+
+log = logging.getLogger(__name__)
+PLAN = "backtest.json"  # the fold plan, written first: marks a backtest directory
+OOS = "oos_predictions.parquet"
+SUMMARY = "backtest_summary.json"
+REPORT = "backtest_report.md"
+CUT_KEYS = ("train_start", "val_start", "test_start", "test_end")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fold's cut times (int64 ns): training targets from `train_start` (NO_START: the
+    data's start), validation from `val_start`, test from `test_start` to before `test_end`
+    (NO_CUT: the data's end)."""
+
+    index: int
+    train_start: int
+    val_start: int
+    test_start: int
+    test_end: int
+
+    def split(self) -> dict[str, str | None]:
+        """The fold's data.split settings, ISO times (None: open)."""
+        return {k: iso_time(getattr(self, k)) for k in CUT_KEYS}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def plan_folds(times: np.ndarray, backtest: Any, data: Any) -> list[Fold]:
+    """The folds of `backtest` (its config) on `times`, the common timeline (sorted int64 ns);
+    spans are counted in its bars. Unset spans: the last data.test_fraction of the timeline
+    split evenly into the test periods; a validation stretch of data.val_fraction of the bars
+    before the first test period; rolling training as long as the first fold's."""
+    n, folds = len(times), backtest.folds
+    test_span = backtest.test_span or int(n * data.test_fraction) // folds
+    first_test = n - folds * test_span
+    _require(
+        first_test > 0,
+        f"{folds} test periods of {test_span} bars take the whole {n}-bar timeline: lower "
+        "backtest.folds or backtest.test_span",
+    )
+    val_span = backtest.val_span or round(data.val_fraction * first_test)
+    train_span = backtest.train_span or first_test - val_span
+    embargo = data.prediction_length if data.split.embargo is None else data.split.embargo
+    _require(
+        test_span >= data.prediction_length,
+        f"a test period of {test_span} bars holds no {data.prediction_length}-step forecast: "
+        "raise backtest.test_span (or data.test_fraction) or lower backtest.folds",
+    )
+    _require(
+        val_span >= data.prediction_length + embargo,
+        f"a validation period of {val_span} bars leaves no window after the {embargo}-bar "
+        "embargo: raise backtest.val_span (or data.val_fraction)",
+    )
+    _require(
+        train_span <= first_test - val_span,
+        f"backtest.train_span={train_span} is longer than the {first_test - val_span} bars "
+        "before the first fold's validation period",
+    )
+    _require(
+        train_span >= data.encoder_length + data.prediction_length + embargo,
+        f"{n} bars leave the first fold {train_span} bars of training, too few for one "
+        "window: lower backtest.folds or backtest.test_span (rolling: raise backtest.train_span)",
+    )
+    rolling = backtest.mode == "rolling"
+    out = []
+    for k in range(folds):
+        test = first_test + k * test_span
+        val = test - val_span
+        out.append(
+            Fold(
+                k,
+                int(times[val - train_span]) if rolling else NO_START,
+                int(times[val]),
+                int(times[test]),
+                int(times[test + test_span]) if k < folds - 1 else NO_CUT,
+            )
+        )
+    return out
+
+
+def check(cfg: DictConfig) -> None:
+    """What a backtest refuses, before any data is read."""
+    bt = cfg.backtest
+    _require(bt.folds >= 1, f"backtest.folds must be at least 1, got {bt.folds}")
+    for key in ("test_span", "val_span", "train_span"):
+        value = bt[key]
+        _require(value is None or value > 0, f"backtest.{key} must be positive or null")
+    _require(
+        bt.fold is None or 0 <= bt.fold < bt.folds,
+        f"backtest.fold={bt.fold} is not one of the {bt.folds} folds (0 to {bt.folds - 1})",
+    )
+    _require(
+        bt.refit == "full" or bt.fold is None,
+        "backtest.refit=finetune runs the folds in order in one command (each from the "
+        "previous fold's weights); drop backtest.fold or use backtest.refit=full",
+    )
+    given = [k for k in CUT_KEYS if cfg.data.split[k] is not None]
+    _require(
+        not given,
+        f"the backtest sets data.split.{given[0] if given else ''} for each fold; drop it "
+        "(data.split.embargo applies to every fold)",
+    )
+    _require(
+        not cfg.ckpt_path,
+        "a backtest resumes each fold from its own last.ckpt: continue one with resume=auto "
+        "(or hydra.run.dir=<its directory> resume=auto), not ckpt_path",
+    )
+    _require(
+        "ddp" not in str(cfg.trainer.strategy),
+        "a backtest runs its folds in one process; DDP re-runs the command in each process. "
+        "Run the folds as jobs instead: -m backtest.fold=0,1,... hydra/launcher=slurm",
+    )
+
+
+def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """scripts/backtest.py: every fold of cfg.backtest in `out_dir` (or the one fold
+    backtest.fold, `out_dir` being its run directory), continuing what an earlier attempt
+    left there; returns the backtest's summary (or the fold's)."""
+    check(cfg)
+    if cfg.data.generate_if_missing:
+        ensure_sample(cfg.data.path)
+    folds = plan_folds(timeline(cfg.data), cfg.backtest, cfg.data)
+    bt = cfg.backtest
+    if bt.fold is not None:  # a job of `-m backtest.fold=...`
+        return run_fold(cfg, folds[bt.fold], out_dir, overrides)
+    plan = {"settings": _settings(cfg), "folds": [f.split() for f in folds]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / PLAN).is_file():  # continued (resume=auto): the same folds or none
+        earlier = json.loads((out_dir / PLAN).read_text())
+        _require(
+            earlier == plan,
+            f"{out_dir / PLAN} planned other folds (the data or its timeline changed since "
+            "the backtest began); start a new backtest",
+        )
+    write_json(out_dir / PLAN, plan)
+    previous = None
+    for fold in folds:
+        previous = run_fold(
+            cfg,
+            fold,
+            out_dir / f"fold-{fold.index}",
+            [*overrides, f"backtest.fold={fold.index}"],
+            init_weights=Path(previous["best_checkpoint"])
+            if previous and bt.refit == "finetune"
+            else None,
+            record_config=True,
+        )
+    return summarize(out_dir)
+
+
+def run_fold(
+    cfg: DictConfig,
+    fold: Fold,
+    fold_dir: Path,
+    overrides: Sequence[str],
+    init_weights: Path | None = None,
+    record_config: bool = False,
+) -> dict[str, Any]:
+    """Train and test one fold in `fold_dir` and return its summary. An earlier attempt's
+    work there counts: a fold with summary.json is done, one with checkpoints/last.ckpt
+    resumes from it (foxhunt's exact resume). `record_config`: write the fold's .hydra/ as
+    Hydra does for a run of its own (predict and interpret read the data config there)."""
+    done = fold_dir / "summary.json"
+    if done.is_file():
+        log.info("backtest: fold %d finished earlier, in %s", fold.index, fold_dir)
+        return json.loads(done.read_text())
+    fold_cfg = fold_config(cfg, fold)
+    if record_config:
+        (fold_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        write_text(fold_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(fold_cfg))
+        write_text(fold_dir / ".hydra" / "overrides.yaml", OmegaConf.to_yaml(list(overrides)))
+    last = fold_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        fold_cfg.ckpt_path = str(last.resolve())
+    log.info(
+        "backtest: fold %d (train from %s, validation from %s, test %s to %s)%s",
+        fold.index,
+        *(v or "the data's edge" for v in fold.split().values()),
+        f", resuming from {last}" if last.is_file() else "",
+    )
+    forecasts = OutOfSampleForecasts(fold_dir / OOS, fold.index)
+    return train(
+        fold_cfg,
+        fold_dir,
+        extra_callbacks=[forecasts],
+        overrides=overrides,
+        init_weights=init_weights,
+    )
+
+
+def fold_config(cfg: DictConfig, fold: Fold) -> DictConfig:
+    """The training config of `fold`: the backtest's with the fold's cut times."""
+    fold_cfg = cfg.copy()
+    fold_cfg.backtest.fold = fold.index
+    fold_cfg.data.split.merge_with(fold.split())
+    fold_cfg.resume = None  # the backtest's own resume=auto found the backtest directory
+    return fold_cfg
+
+
+class OutOfSampleForecasts(L.Callback):
+    """After the test (of the best checkpoint), its quantile forecasts on every test window,
+    in the target's own units, to `path`: one row per (instrument, origin, horizon step) with
+    the actual value, the naive forecast (zero return or last value: what directional accuracy
+    measures moves from) and the fold's target scale (to normalize losses as test_loss is)."""
+
+    def __init__(self, path: Path, fold: int) -> None:
+        self.path = path
+        self.fold = fold
+
+    @torch.inference_mode()
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:  # rank 0 forecasts every window (unsharded)
+            return
+        datamodule = trainer.datamodule
+        dataset, schema = datamodule.datasets["test"], datamodule.schema
+        preds, targets, lasts, starts = [], [], [], []
+        was_training = pl_module.training
+        pl_module.eval()
+        with trainer.precision_plugin.forward_context():
+            for batch in datamodule.test_dataloader(sharded=False):
+                batch = {k: v.to(pl_module.device) for k, v in batch.items()}
+                preds.append(validation_forward(pl_module.model, batch).float().cpu())
+                targets.append(batch["target"].cpu())
+                lasts.append(batch["target_last"].cpu())
+                starts.append(batch["index"].cpu())
+        pl_module.train(was_training)
+        start = torch.cat(starts)
+        n, h = len(start), schema.prediction_length
+        scale, center = schema.target_scale, schema.target_center
+        # as the test scored them (predict puts crossing quantiles in order; not here, so
+        # that the pooled figures are the folds' own)
+        values = torch.cat(preds).double().numpy() * scale + center
+        actual = torch.cat(targets).double().numpy() * scale + center
+        if schema.target_kind == "return":
+            naive = np.zeros_like(actual)
+        else:
+            naive = np.repeat(torch.cat(lasts).double().numpy()[:, None] * scale + center, h, 1)
+        names = schema.groups or [None]
+        instrument = [names[g] for g in dataset.group[start].tolist()]
+        origin = dataset.time_ns[start + schema.encoder_length - 1].numpy()
+        target_time = dataset.time_ns[start[:, None] + dataset.dec_offsets].numpy()
+        utc = pa.timestamp("ns", tz="UTC")
+        quantiles = pl_module.quantiles.tolist()
+        table = pa.table(
+            {
+                "fold": pa.array(np.full(n * h, self.fold, np.int32)),
+                "instrument": pa.array(np.repeat(instrument, h), pa.string()),
+                "origin_time": pa.array(np.repeat(origin, h), utc),
+                "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
+                "target_time": pa.array(target_time.ravel(), utc),
+                **{quantile_column(q): values[:, :, j].ravel() for j, q in enumerate(quantiles)},
+                "actual": actual.ravel(),
+                "naive": naive.ravel(),
+                "target_scale": np.full(n * h, scale),
+            }
+        )
+        write_atomic(self.path, lambda f: pq.write_table(table, f))
+
+
+def _settings(cfg: DictConfig) -> dict[str, Any]:
+    settings = OmegaConf.to_container(cfg.backtest, enum_to_str=True)
+    settings.pop("fold")
+    return settings
+
+
+def _fold_dirs(backtest_dir: Path) -> dict[int, Path]:
+    """The folds' run directories under `backtest_dir` by fold number: those whose
+    .hydra/config.yaml names a backtest.fold (fold-<k>/, or a multirun's job directories)."""
+    found = {}
+    for config in backtest_dir.glob("*/.hydra/config.yaml"):
+        fold = (OmegaConf.load(config).get("backtest") or {}).get("fold")
+        if fold is not None:
+            found[int(fold)] = config.parent.parent
+    return found
+
+
+def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
+    """The test metrics over out-of-sample rows (`OutOfSampleForecasts`' columns), all folds
+    together: test_loss is the pinball loss normalized by each fold's target scale, as a run's
+    test_loss; the rest are in the target's own units or shares."""
+    if table.num_rows == 0:  # no fold finished
+        return {}
+    q = np.asarray(quantiles)
+    pred = np.stack([table[quantile_column(x)].to_numpy() for x in quantiles], axis=1)
+    actual, naive = table["actual"].to_numpy(), table["naive"].to_numpy()
+    scale = table["target_scale"].to_numpy()[:, None]
+
+    def pinball(forecast: np.ndarray) -> np.ndarray:
+        errors = actual[:, None] - forecast
+        return np.maximum(q * errors, (q - 1) * errors)
+
+    loss = pinball(pred)
+    median = pred[:, int(np.argmin(np.abs(q - 0.5)))]
+    moved = actual != naive  # steps without a move count for no direction, as in training
+    up = actual[moved] > naive[moved]
+    hit = np.sign(median - naive) == np.sign(actual - naive)
+    return {
+        "test_loss": float((loss / scale).mean()),
+        "test_loss_target_units": float(loss.mean()),
+        "test_mae": float(np.abs(median - actual).mean()),
+        "test_directional_accuracy": float(hit[moved].mean()) if moved.any() else None,
+        "test_up_share": float(up.mean()) if moved.any() else None,
+        "test_coverage": float(((actual >= pred[:, 0]) & (actual <= pred[:, -1])).mean()),
+        "baseline_test_loss": float((pinball(naive[:, None]) / scale).mean()),  # naive
+        "test_rows": table.num_rows,
+    }
+
+
+def summarize(backtest_dir: str | Path) -> dict[str, Any]:
+    """Pool the folds under `backtest_dir`: write oos_predictions.parquet (every finished
+    fold's rows, in fold order), backtest_summary.json and backtest_report.md; return the
+    summary. Folds without a summary.json are listed as missing."""
+    backtest_dir = Path(backtest_dir)
+    fold_dirs = _fold_dirs(backtest_dir)
+    if not fold_dirs:
+        raise FoxhuntError(
+            f"no backtest folds (directories with a backtest.fold) in {backtest_dir}"
+        )
+    cfg = OmegaConf.load(next(iter(fold_dirs.values())) / ".hydra" / "config.yaml")
+    folds, tables, missing = [], [], []
+    for k in range(cfg.backtest.folds):
+        run_dir = fold_dirs.get(k)
+        if run_dir is None or not (run_dir / "summary.json").is_file():
+            missing.append(k)
+            continue
+        s = json.loads((run_dir / "summary.json").read_text())
+        tables.append(pq.read_table(run_dir / OOS))
+        folds.append(
+            {
+                "fold": k,
+                "run_dir": str(run_dir),
+                "cuts": s["splits"]["cuts"],
+                "metrics": s["metrics"],
+                **({"baselines": s["baselines"]} if "baselines" in s else {}),
+                "test_rows": tables[-1].num_rows,
+                "initialized_from": s.get("initialized_from"),
+                "wall_s": s.get("wall_s"),
+            }
+        )
+    oos = pa.concat_tables(tables) if tables else pa.table({})
+    write_atomic(backtest_dir / OOS, lambda f: pq.write_table(oos, f))
+    val = [f["metrics"]["val_loss"] for f in folds if f["metrics"].get("val_loss") is not None]
+    metrics = pooled_metrics(oos, [float(q) for q in cfg.model.quantiles])
+    baselines = pooled_baselines(folds)
+    if baselines and metrics:  # the headline: skill against the strongest baseline
+        best = min(baselines, key=lambda name: baselines[name]["test_loss"])
+        metrics["skill"] = 1 - metrics["test_loss"] / baselines[best]["test_loss"]
+        metrics["best_baseline"] = best
+    summary = {
+        "backtest_dir": str(backtest_dir),
+        "settings": _settings(cfg),
+        "folds_missing": missing,
+        # val_loss: the mean over the folds (what a sweep of backtests optimises); the test_*
+        # metrics: every fold's out-of-sample rows pooled
+        "metrics": {"val_loss": float(np.mean(val)) if val else None, **metrics},
+        "baselines": baselines,
+        "folds": folds,
+        "oos_predictions": str(backtest_dir / OOS),
+        "wall_s": round(sum(f["wall_s"] or 0 for f in folds), 1),
+    }
+    write_json(backtest_dir / SUMMARY, summary)
+    write_text(backtest_dir / REPORT, report(summary))
+    return summary
+
+
+def pooled_baselines(folds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each baseline's test_loss over every fold's windows: the folds' test_loss (a mean over
+    the model's test windows) weighted by their rows; baselines some fold lacks are left out."""
+    if not folds:
+        return {}
+    rows = [f["test_rows"] for f in folds]
+    out = {}
+    for name, scores in folds[0].get("baselines", {}).items():
+        losses = [f.get("baselines", {}).get(name, {}).get("test_loss") for f in folds]
+        if isinstance(scores, dict) and None not in losses:
+            out[name] = {"test_loss": float(np.average(losses, weights=rows))}
+    return out
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The leaves of nested dicts under dotted keys, but descriptions and timings."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        elif k != "about" and not k.endswith("_s") and not isinstance(v, bool | list):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def report(summary: dict[str, Any]) -> str:
+    """backtest_report.md: the folds' cut times, their metrics beside the pooled ones."""
+    st, folds = summary["settings"], summary["folds"]
+    pooled = _flat(summary["metrics"]) | _flat(summary["baselines"], "baselines.")
+    lines = [
+        "# Walk-forward backtest",
+        "",
+        f"{st['folds']} folds, mode={st['mode']}, refit={st['refit']} "
+        f"(test_span={st['test_span']}, val_span={st['val_span']}, "
+        f"train_span={st['train_span']}; null: the defaults of docs/backtest.md).",
+    ]
+    if summary["folds_missing"]:
+        missing = ", ".join(map(str, summary["folds_missing"]))
+        lines.append(f"Not finished: fold {missing} (the pooled figures leave them out).")
+    lines += ["", "## Folds", ""]
+    cut_rows = [[f["fold"], *(f["cuts"].get(k) for k in CUT_KEYS), f["test_rows"]] for f in folds]
+    lines += markdown_table(["fold", *CUT_KEYS, "test rows"], cut_rows, missing="(data edge)")
+    per_fold = [_flat(f["metrics"]) | _flat(f.get("baselines", {}), "baselines.") for f in folds]
+    names = list(dict.fromkeys(k for m in per_fold for k in m))
+    names += [k for k in pooled if k not in names]
+    rows = [[n, *(m.get(n) for m in per_fold), pooled.get(n)] for n in names]
+    lines += ["", "## Metrics", ""]
+    lines += markdown_table(["metric", *(f"fold {f['fold']}" for f in folds), "pooled"], rows)
+    lines += [
+        "",
+        "Pooled: val_loss is the mean over the folds; the test figures are over every fold's "
+        "out-of-sample rows together (oos_predictions.parquet), test_loss normalized by each "
+        "fold's target scale as a run's test_loss is. Directional accuracy must beat the "
+        "share of up moves (test_up_share) or its complement: always forecasting the more "
+        "common direction scores the larger of the two.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _swept(config: DictConfig) -> set[str]:
+    """The keys a multirun sweeps over."""
+    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    return {o.key_or_group for o in parsed if o.is_sweep_override()}
+
+
+class BacktestSweep(SweepSummary):
+    """The sweep summary, and for a multirun over backtest.fold (each job one fold, any
+    launcher): that backtest pooled into the sweep directory when the jobs end. Refused there
+    (one line, exit 2): refit=finetune, whose folds run in order, and another swept setting."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        super().on_multirun_start(config, **kwargs)
+        swept = _swept(config)
+        if "backtest.fold" not in swept:
+            return
+        problem = None
+        if config.backtest.refit == "finetune":
+            problem = (
+                "backtest.refit=finetune starts each fold from the previous one's weights, so "
+                "its folds cannot run as parallel jobs: drop -m backtest.fold=... (the folds "
+                "then run in order) or use backtest.refit=full"
+            )
+        elif len(swept) > 1:
+            problem = (
+                "a multirun over backtest.fold is one backtest; to compare settings sweep them "
+                f"without backtest.fold (each job then runs every fold), not {sorted(swept)}"
+            )
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        super().on_multirun_end(config, **kwargs)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if "backtest.fold" in _swept(config) and sweep_dir.exists():
+            summary = summarize(sweep_dir)
+            log.info("backtest summary: %s", sweep_dir / SUMMARY)
+            if summary["folds_missing"]:
+                log.warning("backtest: folds %s did not finish", summary["folds_missing"])
+
+
+def resume_argv(argv: list[str], root: Path = Path("outputs")) -> list[str]:
+    """`resume=auto` (or auto_or_new) without a hydra.run.dir: send the backtest into the
+    newest earlier backtest directory of the same overrides under `root`, where its finished
+    folds are kept and an interrupted one resumes. A multirun resumes as sweeps do."""
+    if {"-m", "--multirun"} & set(argv):
+        return resume_sweep(argv)
+    resume = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "resume"), None)
+    if resume not in ("auto", "auto_or_new"):
+        return argv
+    if any(a.split("=", 1)[0] == "hydra.run.dir" for a in argv):
+        return argv
+    task = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
+    wanted = experiment_key(task)
+    found = [
+        p.parent
+        for p in root.glob(f"*/*/{PLAN}")
+        if (p.parent / ".hydra" / "overrides.yaml").is_file()
+        and experiment_key(OmegaConf.load(p.parent / ".hydra" / "overrides.yaml")) == wanted
+    ]
+    if not found:
+        if resume == "auto_or_new":
+            return argv
+        raise FoxhuntError(
+            f"resume=auto found no earlier backtest with the same overrides under "
+            f"{root.resolve()}; give hydra.run.dir=<its directory> or use resume=auto_or_new"
+        )
+    backtest_dir = max(found, key=lambda p: (p / PLAN).stat().st_mtime)
+    print(f"resume: continuing the backtest in {backtest_dir}", file=sys.stderr)
+    return [*argv, f"hydra.run.dir={backtest_dir}"]

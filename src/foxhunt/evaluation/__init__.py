@@ -1,0 +1,1 @@
+"""Evaluation beside the model: the baselines a forecast must beat (`baselines`)."""

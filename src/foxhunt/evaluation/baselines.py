@@ -1,0 +1,409 @@
+"""Honest baselines: the simple forecasts a skeptic would pick, each fit on the training windows
+only and scored with the model's own metrics (`foxhunt.training.metrics`: the quantile loss in
+normalized target units, the directional accuracy) on exactly the model's validation and test
+windows.
+
+Every baseline forecasts the target's move from the naive reference, the move the directional
+accuracy measures: the target itself for a return target (its reference is zero), the change
+from the last observed value for a level target.
+
+- `zero`: no move, at every quantile (a zero return, or the last value: the naive forecast).
+- `unconditional`: the training moves' quantiles per instrument and horizon step.
+- `volatility_scaled`: the EWMA volatility of the encoder's moves (its returns, or a level's
+  differences) times the quantiles, per instrument and step, of the training moves divided by
+  their own window's volatility.
+- `seasonal`: the training moves' quantiles per instrument and season of the target's time (and
+  step, for a level target): the time of day (UTC; buckets of 30 minutes, or of the bar interval
+  when longer) for intraday bars (median step between bars under a day), else the weekday.
+- `linear`: one linear map per quantile and step, fit by minimizing the quantile loss, on the
+  inputs the TFT sees: the encoder's last row, its latest moves and volatility, the decoder's
+  known inputs, the statics and the instrument.
+- `lightgbm`: one LightGBM quantile model per quantile on the same inputs (the step as a
+  feature), when `lightgbm` is installed (`pip install -e ".[baselines]"`).
+
+The tables and models are estimated from a seeded subsample of the training windows, which
+bounds the time they add to a run; the linear and LightGBM quantiles are sorted before scoring
+(never worse, Chernozhukov et al. 2010), as a skeptic would."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from foxhunt.data.datamodule import WindowDataset
+from foxhunt.data.splits import mean_std
+from foxhunt.training.metrics import DirectionalAccuracy, QuantileLoss, quantile_loss
+
+DAY_NS = 86_400 * 10**9
+SEASON_NS = 30 * 60 * 10**9  # the shortest time-of-day bucket
+MIN_CELL = 30  # training moves a seasonal cell needs; fewer: the instrument's unconditional ones
+EWMA_DECAY = 0.94  # RiskMetrics' lambda
+SIGMA_FLOOR = 0.1  # of the median training volatility: a flat encoder still forecasts a spread
+LAGS = 8  # the encoder's latest moves among the linear and LightGBM inputs
+TABLE_WINDOWS = 100_000  # training windows the quantile tables are estimated from, at most
+# training windows the linear and LightGBM models are fit on, at most; with LINEAR_STEPS and
+# LIGHTGBM_ROUNDS, ~2 s on one core (twice the windows, steps or rounds scored the same on the
+# bundled sample)
+MODEL_WINDOWS = 10_000
+LINEAR_STEPS = 100  # full-batch Adam steps
+LIGHTGBM_ROUNDS = 50
+CHUNK = 16_384  # windows gathered and scored at a time
+INTERVAL_ROWS = 1_000_000  # rows the median bar interval is taken over
+
+# what predicts a window's move quantiles [n, H, Q] (normalized units) from its Windows
+Predict = Callable[["Windows"], np.ndarray]
+
+
+class Skipped(Exception):
+    """A baseline that cannot be fit here; the message says why."""
+
+
+@dataclass
+class Windows:
+    """What the baselines see of some windows (normalized target units)."""
+
+    target: torch.Tensor  # [n, H] float32, what the model is scored against
+    reference: torch.Tensor  # [n, H] the naive forecast: zero, or the last observed value
+    history: np.ndarray  # [n, E (returns) or E - 1 (a level's differences)] the encoder's moves
+    last_step: np.ndarray  # [n, inputs] the encoder's last row
+    known: np.ndarray  # [n, H, known] the decoder's known inputs
+    static: np.ndarray  # [n, static reals]
+    group: np.ndarray  # [n] instrument index
+    time_ns: np.ndarray | None  # [n, H] the targets' times (None: the windows carry none)
+
+    @property
+    def move(self) -> np.ndarray:
+        """[n, H] the target's move from the reference: what the baselines forecast."""
+        return (self.target - self.reference).double().numpy()
+
+
+def gather(ds: WindowDataset, indices: np.ndarray, target_kind: str) -> Windows:
+    """The windows `indices` of `ds`, indexed straight from its rows (no [n, E, inputs] batch)."""
+    starts = ds.starts[torch.as_tensor(indices, dtype=torch.int64)]
+    enc = starts[:, None] + ds.enc_offsets
+    dec = starts[:, None] + ds.dec_offsets
+    target = ds.target[dec]
+    history = ds.target[enc].double().numpy()
+    if target_kind == "return":  # normalized returns keep zero at zero (splits: mean 0)
+        reference = torch.zeros_like(target)
+    else:
+        reference = ds.target[enc[:, -1]][:, None].expand_as(target)
+        history = np.diff(history, axis=1)
+    group = ds.group[starts]
+    return Windows(
+        target=target,
+        reference=reference,
+        history=history,
+        last_step=ds.inputs[enc[:, -1]].double().numpy(),
+        known=ds.known[dec].double().numpy(),
+        static=ds.static_real[group].double().numpy(),
+        group=group.numpy(),
+        time_ns=None if ds.time_ns is None else ds.target_times(indices),
+    )
+
+
+class QuantileTable:
+    """Quantiles of training values by cell (an integer key for every value)."""
+
+    def __init__(
+        self, keys: np.ndarray, values: np.ndarray, quantiles: np.ndarray, min_count: int = 1
+    ) -> None:
+        keys, values = keys.ravel(), values.ravel()
+        order = np.argsort(keys, kind="stable")
+        cells, first, counts = np.unique(keys[order], return_index=True, return_counts=True)
+        keep = counts >= min_count  # a thinner cell is looked up as missing
+        parts = np.split(values[order], first[1:])
+        self.cells = cells[keep]
+        self.table = np.array(
+            [np.quantile(v, quantiles) for v, k in zip(parts, keep, strict=True) if k]
+        ).reshape(-1, len(quantiles))
+
+    def __call__(self, keys: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """[*keys.shape, Q]: each key's quantiles, `fallback`'s where its cell is missing."""
+        if len(self.cells) == 0:
+            return fallback
+        i = np.searchsorted(self.cells, keys).clip(max=len(self.cells) - 1)
+        return np.where((self.cells[i] == keys)[..., None], self.table[i], fallback)
+
+
+def by_instrument(
+    group: np.ndarray, values: np.ndarray, quantiles: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The quantiles of `values` [n, H] per instrument and step, as a function of the windows'
+    instruments; an instrument without training windows gets all instruments' quantiles."""
+    steps = np.arange(values.shape[1])
+    pooled = QuantileTable(np.broadcast_to(steps, values.shape), values, quantiles)
+    own = QuantileTable(group[:, None] * len(steps) + steps, values, quantiles)
+    everyone = pooled(steps, np.zeros((len(steps), len(quantiles))))  # [H, Q]
+
+    def lookup(g: np.ndarray) -> np.ndarray:
+        return own(
+            g[:, None] * len(steps) + steps, np.broadcast_to(everyone, (len(g), *everyone.shape))
+        )
+
+    return lookup
+
+
+def ewma_volatility(history: np.ndarray) -> np.ndarray:
+    """[n] the square root of the exponentially weighted mean of the squared moves [n, E]
+    (decay EWMA_DECAY, the latest weighted most; weights summing to one over the encoder)."""
+    weights = EWMA_DECAY ** np.arange(history.shape[1] - 1, -1, -1)
+    return np.sqrt(history**2 @ (weights / weights.sum()))
+
+
+def bar_interval_ns(ds: WindowDataset) -> float:
+    """The median time between consecutive bars of an instrument (its first rows)."""
+    if ds.time_ns is None:
+        raise Skipped("the windows carry no times")
+    t, g = ds.time_ns[:INTERVAL_ROWS].numpy(), ds.group[:INTERVAL_ROWS].numpy()
+    steps = np.diff(t)[np.diff(g) == 0]
+    return float(np.median(steps)) if len(steps) else float(DAY_NS)
+
+
+def seasons(interval_ns: float) -> tuple[Callable[[np.ndarray], np.ndarray], int, str]:
+    """How target times [..] fall into seasons: the function, the number of seasons, in words."""
+    if interval_ns < DAY_NS:
+        width = max(SEASON_NS, int(interval_ns))
+        about = f"time of day (UTC, {width / 60e9:g}-minute buckets)"
+        return (lambda t: t % DAY_NS // width), -(-DAY_NS // width), about
+    # 1970-01-01 was a Thursday: + 3 numbers the weekdays from Monday = 0
+    return (lambda t: (t // DAY_NS + 3) % 7), 7, "weekday (UTC)"
+
+
+def fit_zero(quantiles: np.ndarray) -> tuple[Predict, str]:
+    def predict(w: Windows) -> np.ndarray:
+        return np.zeros((*w.target.shape, len(quantiles)))
+
+    return predict, "no move at any quantile (the naive forecast)"
+
+
+def fit_unconditional(train: Windows, quantiles: np.ndarray) -> tuple[Predict, str]:
+    table = by_instrument(train.group, train.move, quantiles)
+    return (lambda w: table(w.group)), "training quantiles per instrument and step"
+
+
+def fit_volatility_scaled(
+    train: Windows, quantiles: np.ndarray, target_kind: str
+) -> tuple[Predict, str]:
+    sigma = ewma_volatility(train.history)
+    floor = max(SIGMA_FLOOR * float(np.median(sigma)), 1e-12)
+    table = by_instrument(train.group, train.move / np.maximum(sigma, floor)[:, None], quantiles)
+
+    def predict(w: Windows) -> np.ndarray:
+        return np.maximum(ewma_volatility(w.history), floor)[:, None, None] * table(w.group)
+
+    moves = "returns" if target_kind == "return" else "differences"
+    return (
+        predict,
+        f"EWMA (decay {EWMA_DECAY}) volatility of the encoder's {moves} x training quantiles",
+    )
+
+
+def fit_seasonal(
+    train: Windows, quantiles: np.ndarray, interval_ns: float, target_kind: str
+) -> tuple[Predict, str]:
+    season, count, about = seasons(interval_ns)
+    # a return's law depends on its time, not on how far ahead it is: its cells pool the steps
+    # (H times the moves per cell); a level's move grows with the step
+    steps = np.arange(train.target.shape[1]) if target_kind != "return" else np.zeros(1, int)
+
+    def cell(w: Windows) -> np.ndarray:
+        return (w.group[:, None] * count + season(w.time_ns)) * len(steps) + steps
+
+    table = QuantileTable(cell(train), train.move, quantiles, min_count=MIN_CELL)
+    unconditional = by_instrument(train.group, train.move, quantiles)
+    return (lambda w: table(cell(w), unconditional(w.group))), f"training quantiles by {about}"
+
+
+def window_inputs(w: Windows, groups: int) -> np.ndarray:
+    """[n, inputs] what the linear and LightGBM models see of a window besides the decoder's
+    known inputs: the encoder's last row, latest moves and volatility, statics, instrument."""
+    return np.column_stack(
+        [
+            w.last_step,
+            w.history[:, -LAGS:],
+            ewma_volatility(w.history),
+            w.static,
+            np.eye(groups)[w.group],
+        ]
+    )
+
+
+def fit_linear(train: Windows, quantiles: np.ndarray, groups: int) -> tuple[Predict, str]:
+    n, steps = train.target.shape
+    q = torch.tensor(quantiles, dtype=torch.float32)
+
+    def inputs(w: Windows) -> np.ndarray:
+        return np.column_stack([window_inputs(w, groups), w.known.reshape(len(w.group), -1)])
+
+    x = inputs(train)
+    mean, std = mean_std(x)
+    x = torch.from_numpy((x - mean) / std).float()
+    y = torch.from_numpy(train.move).float()
+    linear = torch.nn.Linear(x.shape[1], steps * len(quantiles))
+    with torch.no_grad():  # start at the pooled unconditional quantiles
+        linear.weight.zero_()
+        linear.bias.copy_(torch.quantile(y, q, dim=0).T.reshape(-1))
+    optimizer = torch.optim.Adam(linear.parameters(), lr=0.01)
+    for _ in range(LINEAR_STEPS):
+        optimizer.zero_grad()
+        quantile_loss(linear(x).view(n, steps, -1), y, q).backward()
+        optimizer.step()
+    linear.requires_grad_(False)
+
+    def predict(w: Windows) -> np.ndarray:
+        x = torch.from_numpy((inputs(w) - mean) / std).float()
+        return np.sort(linear(x).view(len(w.group), steps, -1).double().numpy(), axis=-1)
+
+    return predict, f"linear quantile regression on the model's inputs ({n} training windows)"
+
+
+def fit_lightgbm(train: Windows, quantiles: np.ndarray, groups: int) -> tuple[Predict, str]:
+    if importlib.util.find_spec("lightgbm") is None:
+        raise Skipped('lightgbm is not installed (pip install -e ".[baselines]")')
+    import lightgbm
+
+    def rows(w: Windows) -> np.ndarray:
+        """One row per window and step: the window's inputs, that step's known inputs, step."""
+        n, steps = w.target.shape
+        return np.column_stack(
+            [
+                np.repeat(window_inputs(w, groups), steps, axis=0),
+                w.known.reshape(n * steps, -1),
+                np.tile(np.arange(steps), n),
+            ]
+        )
+
+    params = {
+        "objective": "quantile",
+        "learning_rate": 0.1,
+        "num_leaves": 15,
+        "min_data_in_leaf": 100,
+        "deterministic": True,  # with force_row_wise: the same model on every run
+        "force_row_wise": True,
+        "seed": 0,
+        "verbose": -1,
+    }
+    data = lightgbm.Dataset(rows(train), train.move.ravel(), free_raw_data=False)
+    models = [
+        lightgbm.train(params | {"alpha": float(a)}, data, num_boost_round=LIGHTGBM_ROUNDS)
+        for a in quantiles
+    ]
+
+    def predict(w: Windows) -> np.ndarray:
+        x = rows(w)
+        pred = np.stack([m.predict(x) for m in models], axis=-1)
+        return np.sort(pred.reshape(*w.target.shape, len(quantiles)), axis=-1)
+
+    n = len(train.group)
+    return predict, f"LightGBM quantile models, {LIGHTGBM_ROUNDS} rounds ({n} training windows)"
+
+
+def _sample(n: int, at_most: int, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(n) if n <= at_most else np.sort(rng.choice(n, at_most, replace=False))
+
+
+def score(
+    predictors: dict[str, Predict],
+    ds: WindowDataset,
+    target_kind: str,
+    quantiles: list[float],
+) -> tuple[dict[str, dict[str, float | None]], float | None]:
+    """Each predictor's loss and directional_accuracy on every window of `ds`, by the model's
+    metrics (the accuracy over the steps where its median moves; None for a forecast whose
+    median never moves: it has no direction),
+    and the share of the target's moves that were up (moves of zero not counted, as in the
+    directional accuracy: what "always up" scores)."""
+    median = int(np.argmin(np.abs(np.asarray(quantiles) - 0.5)))
+    # one process scores the baselines (rank 0 under DDP): nothing to gather from the others
+    losses = {name: QuantileLoss(quantiles, sync_on_compute=False) for name in predictors}
+    hits = {name: DirectionalAccuracy(sync_on_compute=False) for name in predictors}
+    directed = dict.fromkeys(predictors, False)
+    up = moved = 0
+    for chunk in np.array_split(np.arange(len(ds)), -(-len(ds) // CHUNK)):
+        w = gather(ds, chunk, target_kind)
+        move = w.target - w.reference
+        up, moved = up + int((move > 0).sum()), moved + int((move != 0).sum())
+        for name, predict in predictors.items():
+            pred = w.reference[..., None] + torch.from_numpy(predict(w)).float()
+            losses[name].update(pred, w.target)
+            # only the steps where the median calls a move: a seasonal median of exactly zero
+            # (a tick grid's flat buckets) abstains, it is not a wrong call
+            calls = pred[..., median] != w.reference
+            hits[name].update(pred[..., median][calls], w.target[calls], w.reference[calls])
+            directed[name] |= bool(calls.any())
+    scored = {
+        name: {
+            "loss": float(losses[name].compute()),
+            "directional_accuracy": float(hits[name].compute()) if directed[name] else None,
+        }
+        for name in predictors
+    }
+    return scored, up / moved if moved else None
+
+
+def fit_baselines(
+    train: WindowDataset, target_kind: str, quantiles: list[float], seed: int = 0
+) -> tuple[dict[str, Predict], dict[str, dict]]:
+    """Every baseline fit on (a seeded subsample of) the training windows: the fitted ones by
+    name, and for every one {about, fit_s}, or {skipped: why}."""
+    q = np.asarray(quantiles, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    tables = gather(train, _sample(len(train), TABLE_WINDOWS, rng), target_kind)
+    models = gather(train, _sample(len(train), MODEL_WINDOWS, rng), target_kind)
+    groups = len(train.static_real)  # the instrument vocabulary (1 for one unnamed series)
+    fits: dict[str, Callable[[], tuple[Predict, str]]] = {
+        "zero": lambda: fit_zero(q),
+        "unconditional": lambda: fit_unconditional(tables, q),
+        "volatility_scaled": lambda: fit_volatility_scaled(tables, q, target_kind),
+        "seasonal": lambda: fit_seasonal(tables, q, bar_interval_ns(train), target_kind),
+        "linear": lambda: fit_linear(models, q, groups),
+        "lightgbm": lambda: fit_lightgbm(models, q, groups),
+    }
+    predictors: dict[str, Predict] = {}
+    out: dict[str, dict] = {}
+    for name, fit in fits.items():
+        started = time.perf_counter()
+        try:
+            predictors[name], about = fit()
+        except Skipped as why:
+            out[name] = {"skipped": str(why)}
+            continue
+        out[name] = {"about": about, "fit_s": round(time.perf_counter() - started, 2)}
+    return predictors, out
+
+
+def score_baselines(
+    datasets: dict[str, WindowDataset], target_kind: str, quantiles: list[float], seed: int = 0
+) -> tuple[dict[str, dict], float | None]:
+    """Fit every baseline on the training windows and score it on the validation and test
+    windows: ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy}, or
+    {skipped: why}}, the share of test moves that were up)."""
+    predictors, out = fit_baselines(datasets["train"], target_kind, quantiles, seed)
+    up_share = None
+    for split in ("val", "test"):
+        if len(datasets[split]) == 0:
+            continue
+        scored, share = score(predictors, datasets[split], target_kind, quantiles)
+        for name, found in scored.items():
+            out[name][f"{split}_loss"] = found["loss"]
+        if split == "test":
+            for name, found in scored.items():
+                out[name]["test_directional_accuracy"] = found["directional_accuracy"]
+            up_share = share
+    return out, up_share
+
+
+def skill(test_loss: float | None, baselines: dict[str, dict]) -> tuple[float | None, str | None]:
+    """1 - test_loss / the lowest baseline test loss, and that baseline's name (the strongest
+    on the test windows: the skeptic's choice)."""
+    scored = {n: b["test_loss"] for n, b in baselines.items() if b.get("test_loss") is not None}
+    if test_loss is None or not scored:
+        return None, None
+    best = min(scored, key=scored.__getitem__)
+    return (1 - test_loss / scored[best] if scored[best] > 0 else None), best
