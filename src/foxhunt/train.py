@@ -292,12 +292,13 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
-    if trainer.is_global_zero:  # scored on the model's own validation and test windows
+    if trainer.is_global_zero:
+        # the baselines, scored on the model's own validation and test windows
         summary["baselines"], headline = _baselines(
             tested["test_loss"], datamodule, model_cfg["quantiles"], cfg.seed
         )
         summary["metrics"] |= headline
-    if trainer.is_global_zero:  # the best model, exported without pickle
+        # the best model, exported without pickle
         init = model_init(model_cfg, datamodule.schema)
         if cfg.precision.name == "int8":
             summary |= export_and_test_int8(
