@@ -24,6 +24,7 @@ from foxhunt.data.splits import NO_CUT, NO_START, SPLITS
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.train import train
 from foxhunt.training.checkpoint_io import read_checkpoint
+from foxhunt.training.checkpointing import Interrupted
 from tests.helpers import (
     CONF,
     FIVE_MIN,
@@ -190,7 +191,27 @@ def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered
         assert pooled["skill"] == pytest.approx(
             1 - pooled["test_loss"] / written["baselines"][best]["test_loss"]
         )
+    # per instrument: each fold's per-instrument figures pooled by their windows, the skill
+    # against the instrument's own strongest baseline
+    instruments = set(instrument)
+    assert set(pooled["by_instrument"]) == instruments
+    for name in instruments:
+        per = [s["metrics"]["by_instrument"].get(name) for s in fold_summaries]
+        weights = [p["windows"] if p else 0 for p in per]
+        mine = pooled["by_instrument"][name]
+        assert mine["windows"] == sum(weights)
+        losses = [p["test_loss"] if p else 0.0 for p in per]
+        assert mine["test_loss"] == pytest.approx(np.average(losses, weights=weights), rel=1e-4)
+        rivals = {}
+        for rival, scores in written["baselines"].items():
+            found = [s["baselines"][rival]["test_by_instrument"].get(name) for s in fold_summaries]
+            losses = [f["test_loss"] if f else 0.0 for f in found]
+            rivals[rival] = np.average(losses, weights=weights)
+            assert scores["test_by_instrument"][name]["test_loss"] == pytest.approx(rivals[rival])
+        if rivals:
+            assert mine["skill"] == pytest.approx(1 - mine["test_loss"] / min(rivals.values()))
     report = (out / "backtest_report.md").read_text()
+    assert "### Per instrument" in report
     assert "| metric | fold 0 | fold 1 | fold 2 | pooled |" in report
     assert f"| val_loss | {fold_summaries[0]['metrics']['val_loss']:.4g} |" in report
     for own in fold_summaries:
@@ -334,3 +355,19 @@ def test_folds_run_as_parallel_jobs_and_are_pooled_at_the_end(tmp_path, table_pa
     assert sorted(set(oos["fold"].to_pylist())) == [0, 1]
     assert (sweep_dir / "backtest_report.md").exists()
     assert (sweep_dir / "sweep_summary.csv").exists()  # the jobs' own table too
+
+
+def test_an_interrupted_fold_says_how_to_resume_a_backtest(tmp_path, table_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM, tmp_path / "last.ckpt", 1, 7)
+
+    monkeypatch.setattr(backtest, "train", interrupted)
+    cfg = compose_backtest(*tiny_overrides(table_path), "backtest.folds=2")
+    fold = backtest.plan_folds(timeline(cfg.data), cfg.backtest, cfg.data)[1]
+    with pytest.raises(Interrupted) as caught:
+        backtest.run_fold(cfg, fold, tmp_path / "fold-1", [])
+    # ckpt_path is refused by backtest.py: the hint names only what works
+    assert str(caught.value) == (
+        f"SIGTERM during epoch 1 after batch 7; wrote {tmp_path / 'last.ckpt'} (resume with "
+        "the same command and resume=auto: it continues at this fold)"
+    )

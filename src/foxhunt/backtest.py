@@ -6,9 +6,10 @@ just before its test period and trains on what comes before that: everything fro
 start (mode=expanding) or the last `train_span` bars (mode=rolling), with data.split.embargo bars
 kept out before each cut. A fold is an ordinary training run (`foxhunt.train.train` with its
 data.split.* cut times) in its own run directory: `fold-<k>/` of the backtest directory, or a
-multirun's job directory (`-m backtest.fold=0,1,2,3,4`, any Hydra launcher). Its test windows'
-forecasts go to its `oos_predictions.parquet`; `summarize` pools the folds into the backtest
-directory: oos_predictions.parquet, backtest_summary.json and backtest_report.md.
+multirun's job directory (`-m backtest.fold=0,1,2,3,4`, any Hydra launcher), which writes its
+test windows' forecasts to `test_forecasts.parquet` as every run does; `summarize` pools the
+folds into the backtest directory: oos_predictions.parquet, backtest_summary.json and
+backtest_report.md.
 See docs/backtest.md.
 """
 
@@ -22,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,12 +35,14 @@ from foxhunt.data.read import timeline
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
+from foxhunt.evaluation.baselines import skill
+from foxhunt.evaluation.forecasts import FORECASTS, quantile_column
 from foxhunt.files import write_atomic, write_json, write_text
-from foxhunt.predict import quantile_column
+from foxhunt.report import instrument_table
 from foxhunt.rundir import experiment_key
 from foxhunt.sweep import SweepSummary, markdown_table
 from foxhunt.train import train
-from foxhunt.training.step import validation_forward
+from foxhunt.training.checkpointing import Interrupted
 
 log = logging.getLogger(__name__)
 PLAN = "backtest.json"  # the fold plan, written first: marks a backtest directory
@@ -225,14 +227,11 @@ def run_fold(
         *(v or "the data's edge" for v in fold.split().values()),
         f", resuming from {last}" if last.is_file() else "",
     )
-    forecasts = OutOfSampleForecasts(fold_dir / OOS, fold.index)
-    return train(
-        fold_cfg,
-        fold_dir,
-        extra_callbacks=[forecasts],
-        overrides=overrides,
-        init_weights=init_weights,
-    )
+    try:
+        return train(fold_cfg, fold_dir, overrides=overrides, init_weights=init_weights)
+    except Interrupted as exc:  # ckpt_path is the backtest's to set, per fold
+        exc.resume = "resume with the same command and resume=auto: it continues at this fold"
+        raise
 
 
 def fold_config(cfg: DictConfig, fold: Fold) -> DictConfig:
@@ -242,66 +241,6 @@ def fold_config(cfg: DictConfig, fold: Fold) -> DictConfig:
     fold_cfg.data.split.merge_with(fold.split())
     fold_cfg.resume = None  # the backtest's own resume=auto found the backtest directory
     return fold_cfg
-
-
-class OutOfSampleForecasts(L.Callback):
-    """After the test (of the best checkpoint), its quantile forecasts on every test window,
-    in the target's own units, to `path`: one row per (instrument, origin, horizon step) with
-    the actual value, the naive forecast (zero return or last value: what directional accuracy
-    measures moves from) and the fold's target scale (to normalize losses as test_loss is)."""
-
-    def __init__(self, path: Path, fold: int) -> None:
-        self.path = path
-        self.fold = fold
-
-    @torch.inference_mode()
-    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero:  # rank 0 forecasts every window (unsharded)
-            return
-        datamodule = trainer.datamodule
-        dataset, schema = datamodule.datasets["test"], datamodule.schema
-        preds, targets, lasts, starts = [], [], [], []
-        was_training = pl_module.training
-        pl_module.eval()
-        with trainer.precision_plugin.forward_context():
-            for batch in datamodule.test_dataloader(sharded=False):
-                batch = {k: v.to(pl_module.device) for k, v in batch.items()}
-                preds.append(validation_forward(pl_module.model, batch).float().cpu())
-                targets.append(batch["target"].cpu())
-                lasts.append(batch["target_last"].cpu())
-                starts.append(batch["index"].cpu())
-        pl_module.train(was_training)
-        start = torch.cat(starts)
-        n, h = len(start), schema.prediction_length
-        scale, center = schema.target_scale, schema.target_center
-        # as the test scored them (predict puts crossing quantiles in order; not here, so
-        # that the pooled figures are the folds' own)
-        values = torch.cat(preds).double().numpy() * scale + center
-        actual = torch.cat(targets).double().numpy() * scale + center
-        if schema.target_kind == "return":
-            naive = np.zeros_like(actual)
-        else:
-            naive = np.repeat(torch.cat(lasts).double().numpy()[:, None] * scale + center, h, 1)
-        names = schema.groups or [None]
-        instrument = [names[g] for g in dataset.group[start].tolist()]
-        origin = dataset.time_ns[start + schema.encoder_length - 1].numpy()
-        target_time = dataset.time_ns[start[:, None] + dataset.dec_offsets].numpy()
-        utc = pa.timestamp("ns", tz="UTC")
-        quantiles = pl_module.quantiles.tolist()
-        table = pa.table(
-            {
-                "fold": pa.array(np.full(n * h, self.fold, np.int32)),
-                "instrument": pa.array(np.repeat(instrument, h), pa.string()),
-                "origin_time": pa.array(np.repeat(origin, h), utc),
-                "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
-                "target_time": pa.array(target_time.ravel(), utc),
-                **{quantile_column(q): values[:, :, j].ravel() for j, q in enumerate(quantiles)},
-                "actual": actual.ravel(),
-                "naive": naive.ravel(),
-                "target_scale": np.full(n * h, scale),
-            }
-        )
-        write_atomic(self.path, lambda f: pq.write_table(table, f))
 
 
 def _settings(cfg: DictConfig) -> dict[str, Any]:
@@ -371,7 +310,8 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
             missing.append(k)
             continue
         s = json.loads((run_dir / "summary.json").read_text())
-        tables.append(pq.read_table(run_dir / OOS))
+        table = pq.read_table(run_dir / FORECASTS)
+        tables.append(table.add_column(0, "fold", pa.array(np.full(len(table), k, np.int32))))
         folds.append(
             {
                 "fold": k,
@@ -387,12 +327,23 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     oos = pa.concat_tables(tables) if tables else pa.table({})
     write_atomic(backtest_dir / OOS, lambda f: pq.write_table(oos, f))
     val = [f["metrics"]["val_loss"] for f in folds if f["metrics"].get("val_loss") is not None]
-    metrics = pooled_metrics(oos, [float(q) for q in cfg.model.quantiles])
+    quantiles = [float(q) for q in cfg.model.quantiles]
+    metrics = pooled_metrics(oos, quantiles)
     baselines = pooled_baselines(folds)
-    if baselines and metrics:  # the headline: skill against the strongest baseline
-        best = min(baselines, key=lambda name: baselines[name]["test_loss"])
-        metrics["skill"] = 1 - metrics["test_loss"] / baselines[best]["test_loss"]
-        metrics["best_baseline"] = best
+    metrics |= _skill(metrics.get("test_loss"), baselines)
+    names = sorted(set(oos["instrument"].to_pylist())) if "instrument" in oos.column_names else []
+    if None not in names:  # one unnamed series: nothing per instrument
+        metrics["by_instrument"] = {}
+        for name in names:
+            own = pooled_metrics(oos.filter(pc.equal(oos["instrument"], name)), quantiles)
+            rivals = pooled_baselines(folds, name)
+            own |= _skill(own["test_loss"], rivals)
+            own["windows"] = sum(
+                f["metrics"].get("by_instrument", {}).get(name, {}).get("windows", 0) for f in folds
+            )
+            metrics["by_instrument"][name] = own
+            for rival, found in rivals.items():
+                baselines[rival].setdefault("test_by_instrument", {})[name] = found
     summary = {
         "backtest_dir": str(backtest_dir),
         "settings": _settings(cfg),
@@ -410,24 +361,41 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     return summary
 
 
-def pooled_baselines(folds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each baseline's test_loss over every fold's windows: the folds' test_loss (a mean over
-    the model's test windows) weighted by their rows; baselines some fold lacks are left out."""
-    if not folds:
-        return {}
-    rows = [f["test_rows"] for f in folds]
-    out = {}
-    for name, scores in folds[0].get("baselines", {}).items():
-        losses = [f.get("baselines", {}).get(name, {}).get("test_loss") for f in folds]
-        if isinstance(scores, dict) and None not in losses:
-            out[name] = {"test_loss": float(np.average(losses, weights=rows))}
-    return out
+def _skill(test_loss: float | None, baselines: dict[str, dict]) -> dict[str, Any]:
+    against, best = skill(test_loss, baselines)
+    return {"skill": against, "best_baseline": best}
+
+
+def pooled_baselines(
+    folds: list[dict[str, Any]], instrument: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Each baseline's test_loss over every fold's windows (of `instrument`, or all): the
+    folds' test_loss (a mean over the model's test windows) weighted by their windows;
+    baselines some fold lacks are left out."""
+    weights, losses = [], {}
+    for f in folds:
+        if instrument is None:
+            weights.append(f["test_rows"])
+        else:
+            weights.append(
+                f["metrics"].get("by_instrument", {}).get(instrument, {}).get("windows", 0)
+            )
+        for name, b in f.get("baselines", {}).items():
+            at = b if instrument is None else b.get("test_by_instrument", {}).get(instrument, {})
+            losses.setdefault(name, []).append(at.get("test_loss") if weights[-1] else 0.0)
+    return {
+        name: {"test_loss": float(np.average(found, weights=weights))}
+        for name, found in losses.items()
+        if len(found) == len(folds) and None not in found and sum(weights)
+    }
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """The leaves of nested dicts under dotted keys, but descriptions and timings."""
     out: dict[str, Any] = {}
     for k, v in d.items():
+        if k in ("by_instrument", "test_by_instrument"):
+            continue  # a table of its own
         if isinstance(v, dict):
             out |= _flat(v, f"{prefix}{k}.")
         elif k != "about" and not k.endswith("_s") and not isinstance(v, bool | list):
@@ -465,6 +433,7 @@ def report(summary: dict[str, Any]) -> str:
         "fold's target scale as a run's test_loss is. Directional accuracy must beat the "
         "share of up moves (test_up_share) or its complement: always forecasting the more "
         "common direction scores the larger of the two.",
+        *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
         "",
     ]
     return "\n".join(lines)

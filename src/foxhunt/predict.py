@@ -43,6 +43,7 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import open_dataset
 from foxhunt.data.splits import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
 from foxhunt.inference import run_device, training_data_config
 from foxhunt.quantization import set_qat_phase
@@ -54,11 +55,6 @@ MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory i
 CPU_MEMORY_SHARE = 0.5  # of the available RAM that a CPU prediction plans for
 MODEL_INPUTS = ("encoder_cont", "decoder_known", "static_cat", "static_real")
 MODEL_KEYS = ("hidden_dim", "num_heads", "lstm_layers", "dropout", "variable_dim", "quantiles")
-
-
-def quantile_column(q: float) -> str:
-    """The output column of quantile `q`: 0.1 -> "q0.1"."""
-    return f"q{q:g}"
 
 
 # --- loading ---------------------------------------------------------------------------------

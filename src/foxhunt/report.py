@@ -383,7 +383,43 @@ def _baselines_section(summary: dict[str, Any]) -> list[str]:
             f"Directional accuracy {accuracy:.1%} against a base rate of {max(up, 1 - up):.1%} "
             f"(always {'up' if up >= 0.5 else 'down'}: {up:.1%} of the test moves were up)."
         )
-    return lines
+    return [*lines, *instrument_table(m.get("by_instrument"), baselines)]
+
+
+def instrument_table(
+    by_instrument: dict[str, dict] | None, baselines: dict[str, dict]
+) -> list[str]:
+    """Per instrument: the model's test loss, each baseline's, the skill against the
+    instrument's strongest baseline (named), the directional accuracy and the up share."""
+    if not by_instrument:
+        return []
+    rivals = [n for n, b in baselines.items() if "skipped" not in b]
+    head = ["instrument", "windows", "model", *rivals, "skill", "against", "direction", "up share"]
+    rows = []
+    for name, m in by_instrument.items():
+        losses = [baselines[r].get("test_by_instrument", {}).get(name, {}) for r in rivals]
+        skill = m.get("skill")
+        rows.append(
+            [
+                name,
+                m.get("windows"),
+                m.get("test_loss"),
+                *(b.get("test_loss") for b in losses),
+                None if skill is None else f"{skill:+.1%}",
+                m.get("best_baseline"),
+                m.get("test_directional_accuracy"),
+                m.get("up_share", m.get("test_up_share")),
+            ]
+        )
+    return [
+        "",
+        "### Per instrument",
+        "",
+        "Test quantile loss (normalized) of the model and of each baseline on the instrument's "
+        "own test windows; skill against the instrument's strongest baseline.",
+        "",
+        *_table(head, rows),
+    ]
 
 
 def _calibration_section(interpretation: dict[str, Any]) -> list[str]:

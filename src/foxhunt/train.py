@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pyarrow.parquet as pq
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -30,8 +31,9 @@ from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, ConfigError
-from foxhunt.evaluation.baselines import score_baselines, skill
-from foxhunt.files import check_writable, remove_stale_temps, write_json
+from foxhunt.evaluation.baselines import score_baselines
+from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, forecast_test
+from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
     MemoryLog,
@@ -294,8 +296,8 @@ def train(
     }
     if trainer.is_global_zero:
         # the baselines, scored on the model's own validation and test windows
-        summary["baselines"], headline = _baselines(
-            tested["test_loss"], datamodule, model_cfg["quantiles"], cfg.seed
+        summary["baselines"], headline = _evaluate(
+            trainer, module, run_dir, tested["test_loss"], cfg.seed
         )
         summary["metrics"] |= headline
         # the best model, exported without pickle
@@ -319,17 +321,35 @@ def train(
     return summary
 
 
-def _baselines(
-    test_loss: float, datamodule: ParquetDataModule, quantiles: list[float], seed: int
+def _evaluate(
+    trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, seed: int
 ) -> tuple[dict[str, dict], dict[str, Any]]:
-    """The baselines (`foxhunt.evaluation.baselines`) and the headline metrics: the skill
-    against the strongest of them, its name, the base rate of up moves."""
+    """The model's test forecasts, once: written to test_forecasts.parquet and scored beside
+    the baselines (`foxhunt.evaluation.baselines`) on the same windows, pooled and per
+    instrument. Returns the baselines and the headline metrics: the skill against the
+    strongest baseline, its name, the base rate of up moves, and the same per instrument."""
     started = time.perf_counter()
-    kind = datamodule.schema.target_kind
-    baselines, up_share = score_baselines(datamodule.datasets, kind, quantiles, seed)
-    against, best = skill(test_loss, baselines)
+    datamodule: ParquetDataModule = trainer.datamodule
+    schema, quantiles = datamodule.schema, module.quantiles.tolist()
+    pred = forecast_test(trainer, module)
+    table = forecast_table(datamodule.datasets["test"], schema, pred, quantiles)
+    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(table, f))
+    baselines, test = score_baselines(
+        datamodule.datasets, schema.target_kind, quantiles, schema.groups, pred, seed
+    )
+    pooled = test.pop(None, {})
     log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
-    return baselines, {"skill": against, "best_baseline": best, "test_up_share": up_share}
+    if pooled.get("test_loss") is not None and abs(pooled["test_loss"] / test_loss - 1) > 1e-3:
+        log.warning(  # the same windows and model: a mismatch is a bug, not noise
+            "the test forecasts score %.6g, the test step %.6g", pooled["test_loss"], test_loss
+        )
+    headline = {
+        "skill": pooled.get("skill"),
+        "best_baseline": pooled.get("best_baseline"),
+        "test_up_share": pooled.get("up_share"),
+        "by_instrument": test,
+    }
+    return baselines, headline
 
 
 def export_and_test_int8(

@@ -8,6 +8,7 @@ import importlib.util
 import json
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -25,7 +26,7 @@ from foxhunt.evaluation.baselines import (
 from foxhunt.report import _baselines_section
 from foxhunt.train import train
 from foxhunt.training.metrics import quantile_loss
-from tests.helpers import FIVE_MIN, T0, compose_train, tiny_overrides, write_table
+from tests.helpers import FIVE_MIN, T0, compose_train, make_table, tiny_overrides, write_table
 
 QUANTILES = [0.1, 0.5, 0.9]
 BARS = 4000  # 5-minute bars, ~14 days: 30-minute cells of ~58 training moves per step
@@ -77,7 +78,7 @@ def test_quantile_baselines_are_fit_on_training_windows_and_scored_on_the_models
     # scored on the training ones) would give other numbers than these
     vol = np.where(np.arange(BARS) < 0.7 * BARS, 1.0, 3.0)
     dm = windows_of(noise_panel(tmp_path / "panel.parquet", vol))
-    out, up_share = score_baselines(dm.datasets, "return", QUANTILES)
+    out, test = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
 
     y_train, g_train = targets(dm.datasets["train"])
     q = torch.tensor(QUANTILES)
@@ -92,8 +93,37 @@ def test_quantile_baselines_are_fit_on_training_windows_and_scored_on_the_models
         zero = float(quantile_loss(torch.zeros(*y.shape, 3), torch.from_numpy(y), q))
         assert out["zero"][f"{split}_loss"] == pytest.approx(zero, rel=1e-5)
     y_test, _ = targets(dm.datasets["test"])
-    assert up_share == pytest.approx((y_test > 0).sum() / (y_test != 0).sum())
+    assert test[None]["up_share"] == pytest.approx((y_test > 0).sum() / (y_test != 0).sum())
     assert out["zero"]["test_directional_accuracy"] is None  # no move: no direction
+
+
+def test_the_model_is_scored_beside_the_baselines_per_instrument(tmp_path):
+    # instruments of different volatility; the "model" forecasts A's windows with the
+    # unconditional quantiles and B's with zeros: per instrument it must score exactly as
+    # those baselines do there, and its skill is against each instrument's own strongest
+    vol = np.where(np.arange(BARS) < 0.7 * BARS, 1.0, 2.0)
+    dm = windows_of(noise_panel(tmp_path / "panel.parquet", vol))
+    ds = dm.datasets["test"]
+    y_train, g_train = targets(dm.datasets["train"])
+    _, g = targets(ds)
+    table = {k: np.quantile(y_train[g_train == k], QUANTILES, axis=0).T for k in (0, 1)}
+    model = np.stack([table[0] if k == 0 else np.zeros((H, 3)) for k in g]).astype(np.float32)
+    out, test = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups, model)
+
+    assert set(test) == {None, "A", "B"}
+    a, b = test["A"], test["B"]
+    assert a["windows"] == (g == 0).sum() and b["windows"] == (g == 1).sum()
+    by = {n: out[n]["test_by_instrument"] for n in ("unconditional", "zero")}
+    assert a["test_loss"] == pytest.approx(by["unconditional"]["A"]["test_loss"], rel=1e-6)
+    assert b["test_loss"] == pytest.approx(by["zero"]["B"]["test_loss"], rel=1e-6)
+    pooled = (a["test_loss"] * a["windows"] + b["test_loss"] * b["windows"]) / len(g)
+    assert test[None]["test_loss"] == pytest.approx(pooled, rel=1e-9)
+    for name, found in (("A", a), ("B", b)):
+        rivals = {n: o["test_by_instrument"][name] for n, o in out.items() if "skipped" not in o}
+        best = min(rivals, key=lambda n: rivals[n]["test_loss"])
+        assert found["best_baseline"] == best
+        assert found["skill"] == pytest.approx(1 - found["test_loss"] / rivals[best]["test_loss"])
+    assert b["skill"] < 0  # zeros lose to any spread
 
 
 def test_no_baseline_sees_a_row_after_the_training_period(tmp_path):
@@ -122,7 +152,7 @@ def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tm
         ds.target_times([0])[0], T0 + FIVE_MIN * (first + E + np.arange(H))
     )
 
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES)
+    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["seasonal"]["about"] == "training quantiles by time of day (UTC, 30-minute buckets)"
     assert out["seasonal"]["test_loss"] < 0.92 * out["unconditional"]["test_loss"]
     assert out["seasonal"]["val_loss"] < 0.92 * out["unconditional"]["val_loss"]
@@ -131,7 +161,7 @@ def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tm
 def test_volatility_scaled_quantiles_beat_unconditional_ones_on_volatility_clustering(tmp_path):
     regimes = np.random.default_rng(1).choice([0.3, 3.0], BARS // 200)
     dm = windows_of(noise_panel(tmp_path / "clusters.parquet", np.repeat(regimes, 200)))
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES)
+    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["volatility_scaled"]["test_loss"] < 0.8 * out["unconditional"]["test_loss"]
 
 
@@ -163,16 +193,17 @@ def test_lightgbm_is_skipped_with_the_reason_when_not_installed(tmp_path, monkey
         baselines.importlib.util, "find_spec", lambda n, *a: None if n == "lightgbm" else real(n)
     )
     dm = windows_of(noise_panel(tmp_path / "panel.parquet", np.ones(BARS)))
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES)
+    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["lightgbm"] == {
         "skipped": 'lightgbm is not installed (pip install -e ".[baselines]")'
     }
     assert skill(0.1, out)[1] != "lightgbm"
 
 
-def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_path, table_path):
+def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_path):
     # the tiny table's target is a level: the baselines forecast moves from the last value
-    summary = train(compose_train(*tiny_overrides(table_path)), tmp_path / "run")
+    path = write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 300}))
+    summary = train(compose_train(*tiny_overrides(path)), tmp_path / "run")
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
     found, m = summary["baselines"], summary["metrics"]
     assert set(found) == NAMES
@@ -188,6 +219,19 @@ def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_pa
     assert m["best_baseline"] == best
     assert m["skill"] == pytest.approx(1 - m["test_loss"] / scored[best])
     assert 0 < m["test_up_share"] < 1
+    # per instrument, from the one forecast pass: it reproduces the test step's loss, and its
+    # rows are test_forecasts.parquet's
+    per = m["by_instrument"]
+    assert set(per) == {"AAA", "BBB"}
+    windows = sum(p["windows"] for p in per.values())
+    pooled = sum(p["test_loss"] * p["windows"] for p in per.values()) / windows
+    assert pooled == pytest.approx(m["test_loss"], rel=1e-5)
+    for name, p in per.items():
+        rivals = {n: found[n]["test_by_instrument"][name]["test_loss"] for n in scored}
+        assert p["skill"] == pytest.approx(1 - p["test_loss"] / min(rivals.values()))
+    forecasts = pq.read_table(tmp_path / "run" / "test_forecasts.parquet")
+    assert forecasts.num_rows == windows * 4
+    assert set(forecasts["instrument"].to_pylist()) == {"AAA", "BBB"}
 
 
 def test_the_report_names_the_strongest_baseline_and_the_base_rate():

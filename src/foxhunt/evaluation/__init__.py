@@ -1,1 +1,2 @@
-"""Evaluation beside the model: the baselines a forecast must beat (`baselines`)."""
+"""Evaluation beside the model: its test forecasts, made once (`forecasts`), and the baselines
+they are scored beside, pooled and per instrument (`baselines`)."""

@@ -31,13 +31,14 @@ import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.splits import mean_std
-from foxhunt.training.metrics import DirectionalAccuracy, QuantileLoss, quantile_loss
+from foxhunt.training.metrics import quantile_loss
 
 DAY_NS = 86_400 * 10**9
 SEASON_NS = 30 * 60 * 10**9  # the shortest time-of-day bucket
@@ -53,6 +54,7 @@ MODEL_WINDOWS = 10_000
 LINEAR_STEPS = 100  # full-batch Adam steps
 LIGHTGBM_ROUNDS = 50
 CHUNK = 16_384  # windows gathered and scored at a time
+MODEL = "model"  # the model's own forecasts, scored beside the baselines
 INTERVAL_ROWS = 1_000_000  # rows the median bar interval is taken over
 
 # what predicts a window's move quantiles [n, H, Q] (normalized units) from its Windows
@@ -75,6 +77,7 @@ class Windows:
     static: np.ndarray  # [n, static reals]
     group: np.ndarray  # [n] instrument index
     time_ns: np.ndarray | None  # [n, H] the targets' times (None: the windows carry none)
+    index: np.ndarray  # [n] the windows' indices in their dataset
 
     @property
     def move(self) -> np.ndarray:
@@ -104,6 +107,7 @@ def gather(ds: WindowDataset, indices: np.ndarray, target_kind: str) -> Windows:
         static=ds.static_real[group].double().numpy(),
         group=group.numpy(),
         time_ns=None if ds.time_ns is None else ds.target_times(indices),
+        index=indices,
     )
 
 
@@ -308,43 +312,87 @@ def _sample(n: int, at_most: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= at_most else np.sort(rng.choice(n, at_most, replace=False))
 
 
+class Tally:
+    """A forecast's quantile loss and directional accuracy, summed per instrument: the model's
+    metrics (`foxhunt.training.metrics`: the mean pinball loss over windows, steps and
+    quantiles; the sign hits over the steps that moved), kept per instrument here because
+    torchmetrics' metrics hold one total."""
+
+    def __init__(self, groups: int, quantiles: np.ndarray) -> None:
+        self.q = quantiles
+        self.loss, self.windows = np.zeros(groups), np.zeros(groups)
+        self.hits, self.calls = np.zeros(groups), np.zeros(groups)
+
+    def update(self, pred: np.ndarray, move: np.ndarray, group: np.ndarray) -> None:
+        """pred [n, H, Q] forecast moves, move [n, H] actual moves, group [n]."""
+        errors = move[..., None] - pred
+        pinball = np.maximum(self.q * errors, (self.q - 1) * errors).mean(axis=(1, 2))
+        size = len(self.loss)
+        self.loss += np.bincount(group, pinball, size)
+        self.windows += np.bincount(group, minlength=size)
+        # only the steps where the median calls a move and the target moved: a seasonal median
+        # of exactly zero (a tick grid's flat buckets) abstains, it is not a wrong call
+        median = pred[..., int(np.argmin(np.abs(self.q - 0.5)))]
+        counted = (median != 0) & (move != 0)
+        hit = counted & (np.sign(median) == np.sign(move))
+        self.hits += np.bincount(group, hit.sum(axis=1), size)
+        self.calls += np.bincount(group, counted.sum(axis=1), size)
+
+    def scores(self, keep: np.ndarray | slice = slice(None)) -> dict[str, float | None]:
+        """{loss, directional_accuracy} over the instruments `keep` (all by default); None
+        where there is nothing to score (a forecast whose median never moves has no direction)."""
+        windows, calls = self.windows[keep].sum(), self.calls[keep].sum()
+        return {
+            "loss": float(self.loss[keep].sum() / windows) if windows else None,
+            "directional_accuracy": float(self.hits[keep].sum() / calls) if calls else None,
+        }
+
+
 def score(
     predictors: dict[str, Predict],
     ds: WindowDataset,
     target_kind: str,
     quantiles: list[float],
-) -> tuple[dict[str, dict[str, float | None]], float | None]:
-    """Each predictor's loss and directional_accuracy on every window of `ds`, by the model's
-    metrics (the accuracy over the steps where its median moves; None for a forecast whose
-    median never moves: it has no direction),
-    and the share of the target's moves that were up (moves of zero not counted, as in the
-    directional accuracy: what "always up" scores)."""
-    median = int(np.argmin(np.abs(np.asarray(quantiles) - 0.5)))
-    # one process scores the baselines (rank 0 under DDP): nothing to gather from the others
-    losses = {name: QuantileLoss(quantiles, sync_on_compute=False) for name in predictors}
-    hits = {name: DirectionalAccuracy(sync_on_compute=False) for name in predictors}
-    directed = dict.fromkeys(predictors, False)
-    up = moved = 0
-    for chunk in np.array_split(np.arange(len(ds)), -(-len(ds) // CHUNK)):
+    names: list[str],
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Each predictor's {loss, directional_accuracy} on every window of `ds`, pooled (key
+    None) and per instrument (its name, from the vocabulary `names`): ({predictor: {key:
+    scores}}, {key: {windows, up_share}}), the up share being the share of the target's moves
+    that were up (moves of zero not counted, as in the directional accuracy: what "always up"
+    scores). One unnamed series (`names` empty) is scored pooled only."""
+    q = np.asarray(quantiles, dtype=np.float64)
+    groups = max(len(names), 1)
+    tallies = {name: Tally(groups, q) for name in predictors}
+    windows, up, moved = np.zeros(groups), np.zeros(groups), np.zeros(groups)
+    for chunk in np.array_split(np.arange(len(ds)), max(1, -(-len(ds) // CHUNK))):
         w = gather(ds, chunk, target_kind)
-        move = w.target - w.reference
-        up, moved = up + int((move > 0).sum()), moved + int((move != 0).sum())
+        move = w.move
+        windows += np.bincount(w.group, minlength=groups)
+        up += np.bincount(w.group, (move > 0).sum(axis=1), groups)
+        moved += np.bincount(w.group, (move != 0).sum(axis=1), groups)
         for name, predict in predictors.items():
-            pred = w.reference[..., None] + torch.from_numpy(predict(w)).float()
-            losses[name].update(pred, w.target)
-            # only the steps where the median calls a move: a seasonal median of exactly zero
-            # (a tick grid's flat buckets) abstains, it is not a wrong call
-            calls = pred[..., median] != w.reference
-            hits[name].update(pred[..., median][calls], w.target[calls], w.reference[calls])
-            directed[name] |= bool(calls.any())
-    scored = {
-        name: {
-            "loss": float(losses[name].compute()),
-            "directional_accuracy": float(hits[name].compute()) if directed[name] else None,
+            tallies[name].update(predict(w), move, w.group)
+    keys: list[tuple[str | None, Any]] = [(None, slice(None))]
+    keys += [(names[g], [g]) for g in np.flatnonzero(windows)] if names else []
+    scored = {name: {key: t.scores(keep) for key, keep in keys} for name, t in tallies.items()}
+    counts = {
+        key: {
+            "windows": int(windows[keep].sum()),
+            "up_share": float(up[keep].sum() / moved[keep].sum()) if moved[keep].sum() else None,
         }
-        for name in predictors
+        for key, keep in keys
     }
-    return scored, up / moved if moved else None
+    return scored, counts
+
+
+def model_forecasts(pred: np.ndarray, target_kind: str) -> Predict:
+    """The model's forecasts `pred` [windows, H, Q] (normalized, in the dataset's order) as a
+    predictor of the moves, for `score` to score beside the baselines."""
+
+    def predict(w: Windows) -> np.ndarray:
+        return pred[w.index].astype(np.float64) - w.reference.double().numpy()[..., None]
+
+    return predict
 
 
 def fit_baselines(
@@ -379,24 +427,43 @@ def fit_baselines(
 
 
 def score_baselines(
-    datasets: dict[str, WindowDataset], target_kind: str, quantiles: list[float], seed: int = 0
-) -> tuple[dict[str, dict], float | None]:
+    datasets: dict[str, WindowDataset],
+    target_kind: str,
+    quantiles: list[float],
+    names: list[str],
+    model: np.ndarray | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, dict], dict[str | None, dict]]:
     """Fit every baseline on the training windows and score it on the validation and test
-    windows: ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy}, or
-    {skipped: why}}, the share of test moves that were up)."""
+    windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
+    test dataset's order; `foxhunt.evaluation.forecasts.forecast_test`) when given. Returns
+    ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
+    {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
+    {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,
+    test_directional_accuracy, skill, best_baseline}}) on the test windows."""
     predictors, out = fit_baselines(datasets["train"], target_kind, quantiles, seed)
-    up_share = None
-    for split in ("val", "test"):
-        if len(datasets[split]) == 0:
-            continue
-        scored, share = score(predictors, datasets[split], target_kind, quantiles)
+    if len(datasets["val"]):
+        scored, _ = score(predictors, datasets["val"], target_kind, quantiles, names)
         for name, found in scored.items():
-            out[name][f"{split}_loss"] = found["loss"]
-        if split == "test":
-            for name, found in scored.items():
-                out[name]["test_directional_accuracy"] = found["directional_accuracy"]
-            up_share = share
-    return out, up_share
+            out[name]["val_loss"] = found[None]["loss"]
+    if not len(datasets["test"]):
+        return out, {}
+    if model is not None:
+        predictors[MODEL] = model_forecasts(model, target_kind)
+    scored, test = score(predictors, datasets["test"], target_kind, quantiles, names)
+    scored = {n: {k: _test_metrics(s) for k, s in found.items()} for n, found in scored.items()}
+    own = scored.pop(MODEL, None)
+    for name, found in scored.items():
+        by_instrument = {k: v for k, v in found.items() if k is not None}
+        out[name] |= found[None] | {"test_by_instrument": by_instrument}
+    for key in test if own is not None else ():
+        against, best = skill(own[key]["test_loss"], {n: f[key] for n, f in scored.items()})
+        test[key] |= own[key] | {"skill": against, "best_baseline": best}
+    return out, test
+
+
+def _test_metrics(scores: dict[str, float | None]) -> dict[str, float | None]:
+    return {f"test_{k}": v for k, v in scores.items()}
 
 
 def skill(test_loss: float | None, baselines: dict[str, dict]) -> tuple[float | None, str | None]:

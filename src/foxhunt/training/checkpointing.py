@@ -33,10 +33,13 @@ class Interrupted(Exception):
         # None: this DDP process stopped with another that received the signal
         self.signum, self.checkpoint = signum or signal.SIGINT, checkpoint
         name = signal.Signals(signum).name if signum else "a signal to another DDP process"
-        super().__init__(
-            f"{name} during epoch {epoch} after batch {batch}; wrote {checkpoint} "
-            "(resume with the same command and resume=auto, or ckpt_path=<that file>)"
-        )
+        self.what = f"{name} during epoch {epoch} after batch {batch}; wrote {checkpoint}"
+        # how to continue: a command that runs this training some other way says its own
+        self.resume = "resume with the same command and resume=auto, or ckpt_path=<that file>"
+        super().__init__(self.what)
+
+    def __str__(self) -> str:
+        return f"{self.what} ({self.resume})"
 
 
 class GracefulInterrupt(L.Callback):

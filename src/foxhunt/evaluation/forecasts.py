@@ -1,0 +1,77 @@
+"""The model's forecasts of every test window, made once after the test: the baselines score
+them beside their own (`baselines.score`), per instrument and pooled, and every run writes them
+to `test_forecasts.parquet` (a walk-forward backtest pools its folds' files)."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import torch
+
+from foxhunt.data.datamodule import WindowDataset
+from foxhunt.data.schema import DataSchema
+from foxhunt.training.step import validation_forward
+
+FORECASTS = "test_forecasts.parquet"
+
+
+def quantile_column(q: float) -> str:
+    """The output column of quantile `q`: 0.1 -> "q0.1"."""
+    return f"q{q:g}"
+
+
+@torch.inference_mode()
+def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
+    """[windows, H, Q] the module's quantile forecasts (normalized units) of every test window,
+    in the test dataset's order: the unsharded loader (rank 0 forecasts them all), under the
+    Trainer's precision, as the test step made them."""
+    datamodule = trainer.datamodule
+    preds = []
+    was_training = module.training
+    module.eval()
+    with trainer.precision_plugin.forward_context():
+        for batch in datamodule.test_dataloader(sharded=False):  # in order: no shuffle
+            batch = {k: v.to(module.device) for k, v in batch.items()}
+            preds.append(validation_forward(module.model, batch).float().cpu())
+    module.train(was_training)
+    pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
+    assert len(pred) == len(datamodule.datasets["test"]), "the test loader skipped windows"
+    return pred
+
+
+def forecast_table(
+    dataset: WindowDataset, schema: DataSchema, pred: np.ndarray, quantiles: list[float]
+) -> pa.Table:
+    """`pred` [windows, H, Q] (normalized) in the target's own units: one row per (instrument,
+    origin, horizon step) with the actual value, the naive forecast (zero return or last value:
+    what directional accuracy measures moves from) and the target's scale (to normalize losses
+    as test_loss is). Quantiles stay as the test scored them (predict sorts crossing ones)."""
+    n, h = len(dataset), schema.prediction_length
+    start = dataset.starts
+    scale, center = schema.target_scale, schema.target_center
+    dec = start[:, None] + dataset.dec_offsets
+    values = pred.astype(np.float64) * scale + center
+    actual = dataset.target[dec].double().numpy() * scale + center
+    if schema.target_kind == "return":
+        naive = np.zeros_like(actual)
+    else:
+        last = dataset.target[start + schema.encoder_length - 1].double().numpy()
+        naive = np.repeat(last[:, None] * scale + center, h, 1)
+    names = schema.groups or [None]
+    instrument = [names[g] for g in dataset.group[start].tolist()]
+    utc = pa.timestamp("ns", tz="UTC")
+    return pa.table(
+        {
+            "instrument": pa.array(np.repeat(instrument, h), pa.string()),
+            "origin_time": pa.array(
+                np.repeat(dataset.time_ns[start + schema.encoder_length - 1].numpy(), h), utc
+            ),
+            "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
+            "target_time": pa.array(dataset.time_ns[dec].numpy().ravel(), utc),
+            **{quantile_column(q): values[:, :, j].ravel() for j, q in enumerate(quantiles)},
+            "actual": actual.ravel(),
+            "naive": naive.ravel(),
+            "target_scale": np.full(n * h, scale),
+        }
+    )
