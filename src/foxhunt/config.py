@@ -95,6 +95,9 @@ class DataConfig:
     target: str | None = None
     target_kind: TargetKind = TargetKind.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
+    # columns of the file as observed inputs beside `features` (your signals next to the
+    # derived ohlcv set)
+    extra_features: list[str] = field(default_factory=list)
     known_features: list[str] = field(default_factory=list)
     static_features: list[str] = field(default_factory=list)
     ohlcv: OhlcvConfig = field(default_factory=OhlcvConfig)

@@ -187,7 +187,43 @@ def test_ohlcv_features_on_sample(es_sample, data_cfg):
     assert torch.isfinite(batch["encoder_cont"]).all()
 
 
+def test_extra_features_ride_beside_the_derived_ones(tmp_path, es_sample, data_cfg):
+    # a researcher's signal column next to data.features=ohlcv: the last observed input, its
+    # rows the file's (after the derived features' warm-up), in memory and in the lazy store
+    table = pq.read_table(es_sample)
+    signal = np.random.default_rng(0).normal(size=table.num_rows)
+    path = tmp_path / "signal.parquet"
+    pq.write_table(table.append_column("my_signal", pa.array(signal)), path)
+    plain = setup(ohlcv_cfg(data_cfg, es_sample))
+    for lazy in (False, True):
+        dm = setup(with_(ohlcv_cfg(data_cfg, path), extra_features=["my_signal"], lazy=lazy))
+        assert dm.schema.observed == [*plain.schema.observed, "my_signal"]
+        got, want = dm.datasets["train"].inputs, plain.datasets["train"].inputs
+        k = len(dm.schema.observed)  # [target, observed..., known...]: the last observed one
+        others = torch.cat([got[:, :k], got[:, k + 1 :]], dim=1)
+        assert torch.equal(others, want), f"lazy={lazy}"  # the derived ones unchanged
+        # normalized, the file's values after the warm-up rows (one instrument in this slice)
+        column = got[:, k].double().numpy()
+        assert set(table["symbol"].to_pylist()) == {"ESH6"}
+        assert np.corrcoef(column, signal[-len(column) :])[0, 1] > 1 - 1e-6
+
+
 # ---- bad input: one clear error naming the problem ----
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["nope"], "missing column(s) nope in "),
+        (["symbol"], "data.extra_features names 'symbol', which is the group column"),
+        (["clv_1"], "data.extra_features names 'clv_1', which is a derived feature"),
+        (["timestamp"], "data.extra_features names 'timestamp', which is the time column"),
+    ],
+)
+def test_extra_features_bad_names(es_sample, data_cfg, extra, message):
+    with pytest.raises(DataError) as err:
+        setup(with_(ohlcv_cfg(data_cfg, es_sample), extra_features=extra))
+    assert message in str(err.value)
 
 
 def test_missing_file(data_cfg):

@@ -64,6 +64,9 @@ def resolve_columns(
         else:
             observed = [c for c in cfg.features if c != target and c not in known]
             wanted += observed
+    extra = extra_features(cfg, observed, target, known, static)
+    observed += extra
+    wanted += extra
     missing = [c for c in dict.fromkeys(wanted) if c not in names]
     if missing:
         raise DataError(
@@ -73,6 +76,22 @@ def resolve_columns(
     keys = {cfg.time_column, cfg.group_column}
     values = [c for c in dict.fromkeys(wanted + observed) if c not in keys]
     return observed, known, static, target, values
+
+
+def extra_features(
+    cfg: Any, observed: list[str], target: str, known: list[str], static: list[str]
+) -> list[str]:
+    """data.extra_features not already observed; one that has another role is an error."""
+    extra = list(dict.fromkeys(getattr(cfg, "extra_features", None) or []))
+    roles = {target: "the target", cfg.time_column: "the time column"}
+    roles |= {cfg.group_column: "the group column"} | dict.fromkeys(known, "a known feature")
+    roles |= dict.fromkeys(static, "a static feature")
+    spec = ohlcv_spec_of(cfg)
+    roles |= dict.fromkeys(feature_names(spec)[0] if spec else (), "a derived feature")
+    for c in extra:
+        if c in roles:
+            raise DataError(f"data.extra_features names '{c}', which is {roles[c]}")
+    return [c for c in extra if c not in observed]
 
 
 def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
@@ -89,7 +108,7 @@ def model_inputs(cfg: Any, observed: list[str], known: list[str]) -> tuple[list[
     if spec is None:
         return observed, known
     derived_observed, derived_known = feature_names(spec)
-    return list(derived_observed), list(derived_known) + known
+    return list(derived_observed) + observed, list(derived_known) + known
 
 
 def resolve_target_kind(cfg: Any) -> str:
@@ -153,6 +172,7 @@ class ColumnPlan:
 
     cfg: Any
     observed: list[str]  # the model's observed inputs (derived ones with features=ohlcv)
+    extra: list[str]  # columns read as observed inputs beside the derived ones (features=ohlcv)
     known: list[str]  # the model's known inputs (calendar ones first with features=ohlcv)
     user_known: list[str]  # data.known_features
     static: list[str]
@@ -170,6 +190,7 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
     return ColumnPlan(
         cfg=cfg,
         observed=model_observed,
+        extra=observed if cfg.features == "ohlcv" else [],
         known=model_known,
         user_known=known,
         static=static,

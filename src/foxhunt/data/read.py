@@ -223,7 +223,8 @@ def make_series(
             raise DataError(f"{exc} in instrument {name}") from None
         w = derived.warmup
         known = list(derived.known.values()) + [cols[k] for k in plan.user_known]
-        obs = stack_columns(list(derived.observed.values()), len(t))[w:]
+        extra = [cols[c] for c in plan.extra]
+        obs = stack_columns([*derived.observed.values(), *extra], len(t))[w:]
         kn = stack_columns(known, len(t))[w:]
         y = cols[plan.target][w:] if cfg.target is not None else derived.target[w:]
         t = t[w:]
