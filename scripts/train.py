@@ -9,6 +9,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from foxhunt import cli
+from foxhunt.report import console_summary
 from foxhunt.sweep import finished_job
 from foxhunt.train import train
 
@@ -23,6 +24,7 @@ def main(cfg: DictConfig) -> float | None:
     if summary is None:
         summary = train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
     if rank_zero_only.rank == 0:  # under DDP every process runs this script; one prints
+        print("\n".join(console_summary(summary)))  # for a person; the JSON line for programs
         print(json.dumps(summary))
     return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
 

@@ -464,3 +464,43 @@ def _interpretation_section(interpretation: dict[str, Any]) -> list[str]:
     if not interpretation["plots"]:
         lines += ["", "(No plots: matplotlib is not installed.)"]
     return lines
+
+
+def console_summary(summary: dict[str, Any]) -> list[str]:
+    """What a person reads at the end of a run, before its JSON line: the test loss and the
+    skill against the strongest baseline (per instrument too), direction against its base rate,
+    calibration in one line, and where the report is."""
+    m = summary.get("metrics") or {}
+    if m.get("test_loss") is None:
+        return []
+    lines = [f"test loss {m['test_loss']:.4f} (quantile loss, normalized)"]
+    if m.get("skill") is not None:
+        verdict = "beats" if m["skill"] > 0 else "does not beat"
+        lines[0] += (
+            f"; skill {m['skill']:+.1%} against {m['best_baseline']}, the strongest baseline: "
+            f"the model {verdict} it"
+        )
+    per = [
+        f"{name} {p['skill']:+.1%} ({p['best_baseline']})"
+        for name, p in (m.get("by_instrument") or {}).items()
+        if p.get("skill") is not None
+    ]
+    if len(per) > 1:
+        lines.append("skill per instrument: " + ", ".join(per))
+    accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
+    if accuracy is not None and up is not None:
+        lines.append(
+            f"direction: {accuracy:.1%} right, against {max(up, 1 - up):.1%} for always "
+            f"{'up' if up >= 0.5 else 'down'}"
+        )
+    quantiles, coverage = summary.get("quantiles"), m.get("test_coverage")
+    if quantiles and coverage is not None:
+        nominal = quantiles[-1] - quantiles[0]
+        lines.append(
+            f"calibration: the {quantiles[0]:g}-{quantiles[-1]:g} interval held {coverage:.1%} "
+            f"of the test targets (nominal {nominal:.0%})"
+        )
+    report = Path(summary.get("run_dir", "")) / "report.md"
+    if summary.get("run_dir") and report.is_file():
+        lines.append(f"report: {report}")
+    return lines

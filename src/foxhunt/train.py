@@ -285,6 +285,7 @@ def train(
         "val_batch_size": datamodule.val_batch_size,
         "num_features": datamodule.schema.num_features,
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
+        "quantiles": model_cfg["quantiles"],
         "metrics": {
             "val_loss": _float(best_score),
             "test_loss": tested["test_loss"],

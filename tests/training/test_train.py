@@ -188,7 +188,13 @@ def test_cli_semantic_error_exits_2(tmp_path):
 def test_cli_trains_and_prints_summary_last(tmp_path, table_path):
     result = run_cli(*tiny_overrides(table_path, "trainer.max_epochs=1"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    *person, last = result.stdout.strip().splitlines()
+    summary = json.loads(last)
+    # before the JSON line, what a person reads: the loss and the skill against the strongest
+    first = next(i for i, line in enumerate(person) if line.startswith("test loss "))
+    assert person[first].startswith(f"test loss {summary['metrics']['test_loss']:.4f}")
+    assert f"against {summary['metrics']['best_baseline']}, the strongest" in person[first]
+    assert person[-1].startswith("calibration: the 0.1-0.9 interval held ")
     assert Path(summary["run_dir"]).resolve().is_relative_to(tmp_path.resolve() / "outputs")
     assert Path(summary["best_checkpoint"]).is_file()
     assert (Path(summary["run_dir"]) / "summary.json").is_file()
@@ -211,6 +217,11 @@ def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
     summary = train(compose_train(*overrides), tmp_path / "run")
     assert summary["num_features"] == 23 and summary["global_step"] == 20
     assert summary["metrics"]["baseline_test_loss"] > 0
+    # a return's MAE is logged in basis points too (the progress bar shows that one)
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("val_mae")]
+    assert float(row["val_mae_bps"]) == pytest.approx(float(row["val_mae"]) * 1e4, rel=1e-5)
+    assert 1 < float(row["val_mae_bps"]) < 100  # 5-minute returns: a few basis points
 
 
 @pytest.mark.slow

@@ -150,12 +150,15 @@ class TFTModule(L.LightningModule):
         quantiles = list(model["quantiles"])
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
         self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
+        # a return's MAE in basis points too: a raw return rounds to 0.000 in the progress bar
+        bps = {"mae_bps": MeanAbsoluteError()} if self.schema.target_kind == "return" else {}
         self.metrics = nn.ModuleDict(
             {
                 stage: MetricCollection(
                     {
                         "loss": QuantileLoss(quantiles),
                         "mae": MeanAbsoluteError(),
+                        **bps,
                         "directional_accuracy": DirectionalAccuracy(),
                         "coverage": Coverage(),
                         "baseline_loss": QuantileLoss(quantiles),
@@ -165,6 +168,7 @@ class TFTModule(L.LightningModule):
                 for stage in ("val", "test")
             }
         )
+        self.progress_bar = {"loss", "mae_bps" if bps else "mae", "directional_accuracy"}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning does not keep the RNG states: without them a resumed run shuffles and
@@ -244,9 +248,10 @@ class TFTModule(L.LightningModule):
         n = len(batch["target"])
         runner = getattr(self, "_chunk_runner", None) or Whole()
         runner.run_chunks(n, "val", lambda a, b: self._update(rows(batch, a, b), stage), False)
-        self.log_dict(
-            self.metrics[stage], on_step=False, on_epoch=True, prog_bar=stage == "val", batch_size=n
-        )
+        metrics = self.metrics[stage]
+        for name in metrics.keys(keep_base=True):
+            bar = stage == "val" and name in self.progress_bar
+            self.log(f"{stage}_{name}", metrics[name], prog_bar=bar, on_epoch=True, batch_size=n)
 
     def _update(self, batch: dict[str, torch.Tensor], stage: str) -> None:
         pred = validation_forward(self.model, batch)
@@ -263,6 +268,9 @@ class TFTModule(L.LightningModule):
         m["loss"].update(pred, target)
         # MAE in the target's own units: undo the scaling (the centre cancels)
         m["mae"].update(median * self.schema.target_scale, target * self.schema.target_scale)
+        if "mae_bps" in m:
+            scale = self.schema.target_scale * 1e4
+            m["mae_bps"].update(median * scale, target * scale)
         m["directional_accuracy"].update(median, target, reference)
         m["coverage"].update(pred[..., 0], pred[..., -1], target)
         m["baseline_loss"].update(reference.unsqueeze(-1).expand_as(pred), target)
