@@ -31,12 +31,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.cli import resume_sweep
+from foxhunt.config import EvalConfig
+from foxhunt.data.columns import resolve_target_kind
 from foxhunt.data.read import timeline
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.baselines import skill
 from foxhunt.evaluation.forecasts import FORECASTS, quantile_column
+from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
+from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import write_atomic, write_json, write_text
 from foxhunt.report import instrument_table
 from foxhunt.rundir import experiment_key
@@ -319,6 +323,7 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
                 "cuts": s["splits"]["cuts"],
                 "metrics": s["metrics"],
                 **({"baselines": s["baselines"]} if "baselines" in s else {}),
+                **({"strategy": s["strategy"]} if "strategy" in s else {}),
                 "test_rows": tables[-1].num_rows,
                 "initialized_from": s.get("initialized_from"),
                 "wall_s": s.get("wall_s"),
@@ -344,6 +349,22 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
             metrics["by_instrument"][name] = own
             for rival, found in rivals.items():
                 baselines[rival].setdefault("test_by_instrument", {})[name] = found
+    judged = {}
+    if oos.num_rows:  # the IC, calibration and strategy over every fold's rows
+        e = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg.get("eval") or {})
+        found, evaluation, results = evaluate(
+            oos.drop_columns(["fold"]),
+            resolve_target_kind(cfg.data),
+            e.stride,
+            e.strategy,
+            e.cost_bps,
+        )
+        metrics |= found
+        judged = {
+            "evaluation": evaluation,
+            "strategy": strategy_summary(results, e.strategy, e.cost_bps, "each fold's best"),
+        }
+        plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
     summary = {
         "backtest_dir": str(backtest_dir),
         "settings": _settings(cfg),
@@ -352,6 +373,7 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
         # metrics: every fold's out-of-sample rows pooled
         "metrics": {"val_loss": float(np.mean(val)) if val else None, **metrics},
         "baselines": baselines,
+        **judged,
         "folds": folds,
         "oos_predictions": str(backtest_dir / OOS),
         "wall_s": round(sum(f["wall_s"] or 0 for f in folds), 1),
@@ -434,9 +456,44 @@ def report(summary: dict[str, Any]) -> str:
         "share of up moves (test_up_share) or its complement: always forecasting the more "
         "common direction scores the larger of the two.",
         *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
+        *_strategy_table(summary),
         "",
     ]
     return "\n".join(lines)
+
+
+def _strategy_table(summary: dict[str, Any]) -> list[str]:
+    """The costed strategy per fold and over all folds, beside buy-and-hold and the best
+    baseline's, by net Sharpe."""
+    runs = [(f"fold {f['fold']}", f.get("strategy")) for f in summary["folds"]]
+    runs.append(("pooled", summary.get("strategy")))
+    rows = []
+    for name, s in runs:
+        if s and "skipped" not in s:
+            theirs = s.get("best_baseline", {}).get("sharpe")
+            rows.append(
+                [
+                    name,
+                    s["sharpe"],
+                    s["max_drawdown"],
+                    s["turnover"],
+                    s["net_return"],
+                    s["buy_and_hold"]["sharpe"],
+                    theirs,
+                ]
+            )
+    if not rows:
+        return []
+    head = [
+        "",
+        "Sharpe (net)",
+        "max drawdown",
+        "turnover",
+        "net return",
+        "buy and hold",
+        "best baseline",
+    ]
+    return ["", "## Strategy", "", *markdown_table(head, rows)]
 
 
 def _swept(config: DictConfig) -> set[str]:

@@ -33,6 +33,8 @@ Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
 BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
 Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
+# sign: one unit long or short by the median forecast; scaled: median / predicted spread, +-1
+StrategyRule = StrEnum("StrategyRule", ["sign", "scaled"])
 # what a run reports (summary.json's metrics) and a sweeper may optimise
 Metric = StrEnum(
     "Metric",
@@ -240,6 +242,15 @@ class BacktestConfig:
 
 
 @dataclass
+class EvalConfig:
+    """How a run's test forecasts are judged (`foxhunt.evaluation.quality`)."""
+
+    stride: int | None = None  # windows apart for the IC and hit rates; None: prediction_length
+    strategy: StrategyRule = StrategyRule.sign
+    cost_bps: float = 1.0  # per unit of turnover
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
@@ -256,6 +267,7 @@ class TrainConfig:
     optimized_metric: Metric = Metric.val_loss  # what train.py returns to a Hydra sweeper
     report: bool = True  # report.md, interpretation.json and plots in the run directory
     backtest: BacktestConfig | None = None  # walk-forward folds: conf/backtest.yaml
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def register_configs() -> None:
@@ -308,6 +320,9 @@ def validate(cfg: Any) -> None:
         f"data.prediction_length must be positive, got {d.prediction_length}",
     )
     _check(d.batch_size > 0, f"data.batch_size must be positive, got {d.batch_size}")
+    e = cfg.eval
+    _check(e.stride is None or e.stride > 0, f"eval.stride must be positive, got {e.stride}")
+    _check(e.cost_bps >= 0, f"eval.cost_bps must be >= 0, got {e.cost_bps}")
     _check(
         o.schedule_epochs is None or o.schedule_epochs > 0,
         f"optim.schedule_epochs must be positive or null, got {o.schedule_epochs}",

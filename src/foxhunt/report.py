@@ -65,6 +65,8 @@ def write_report(
         _curves_section(epochs, drew),
         _metrics_section(summary, interpretation),
         _baselines_section(summary),
+        _quality_section(summary, run_dir, plots),
+        _strategy_section(summary, run_dir),
         _calibration_section(interpretation),
         _interpretation_section(interpretation),
     ]
@@ -422,6 +424,109 @@ def instrument_table(
     ]
 
 
+def _quality_section(summary: dict[str, Any], run_dir: Path, plots: bool) -> list[str]:
+    """The IC and rank IC with their standard errors, per horizon and instrument, the hit
+    rates against the majority sign, the probabilistic scores, and their plots."""
+    m, ev = summary.get("metrics") or {}, summary.get("evaluation")
+    if not ev:
+        return []
+    drew = plots and _plot_quality(run_dir, ev)
+    lines = [
+        "## Information coefficient and calibration",
+        "",
+        f"Over every {ev['stride']}th test window of each instrument ({ev['windows_scored']} of "
+        f"{ev['windows']}: targets that do not overlap); standard errors Newey-West over the "
+        f"target times ({m.get('ic_mode', '')}). IC: Pearson correlation of the median "
+        "forecast's move with the realised one; rank IC: Spearman's.",
+        "",
+    ]
+    head = ["horizon", "IC", "se", "t", "rank IC", "se", "t", "hit rate", "majority sign"]
+    keys = ["ic", "ic_se", "ic_t", "rank_ic", "rank_ic_se", "rank_ic_t"]
+    rows = [
+        [h["horizon"], *(h[k] for k in keys), h["hit_rate"], h["majority_rate"]]
+        for h in ev["by_horizon"]
+    ]
+    rows.append(["all", *(m.get(k) for k in keys), m.get("hit_rate"), m.get("majority_rate")])
+    lines += _table(head, rows)
+    if len(ev["by_instrument"]) > 1:
+        lines += [
+            "",
+            *_table(
+                ["instrument", *head[1:7]],
+                [[n, *(i[k] for k in keys)] for n, i in ev["by_instrument"].items()],
+            ),
+        ]
+    pinball = ", ".join(
+        f"{q:g}: {v:.4f}" for q, v in zip(ev["quantiles"], ev["pinball_by_quantile"], strict=True)
+    )
+    lines += [
+        "",
+        f"CRPS (from the quantiles, normalized) {m.get('crps', 0):.4f}; interval (Winkler) score "
+        f"of the outer interval {m.get('winkler', 0):.4f}; pinball loss per quantile: {pinball}.",
+    ]
+    if drew:
+        lines += ["", "![IC by horizon](ic_by_horizon.png) ![calibration](calibration.png)"]
+    return lines
+
+
+def _plot_quality(run_dir: Path, ev: dict[str, Any]) -> bool:
+    """ic_by_horizon.png (IC and rank IC with 2-standard-error bars) and calibration.png
+    (observed against nominal level per horizon, and the PIT histogram)."""
+    steps = [h["horizon"] for h in ev["by_horizon"]]
+    fig = new_figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    for key, shift in (("ic", -0.1), ("rank_ic", 0.1)):
+        values = [h[key] if h[key] is not None else np.nan for h in ev["by_horizon"]]
+        errors = [2 * h[f"{key}_se"] if h[f"{key}_se"] else 0 for h in ev["by_horizon"]]
+        ax.errorbar(np.add(steps, shift), values, yerr=errors, fmt="o", capsize=3, label=key)
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set(xlabel="horizon step", ylabel="correlation", title="IC by horizon (+-2 se)")
+    ax.legend()
+    fig.savefig(run_dir / "ic_by_horizon.png", dpi=110)
+
+    fig = new_figure(figsize=(9, 3.5))
+    ax, pit = fig.subplots(1, 2)
+    nominal = ev["quantiles"]
+    for h, observed in zip(steps, ev["coverage_by_horizon"], strict=True):
+        ax.plot(nominal, observed, marker=".", lw=0.8, label=f"step {h}")
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.6)
+    ax.set(xlabel="nominal level", ylabel="observed share below", title="Calibration")
+    ax.legend(fontsize=6)
+    counts = np.asarray(ev["pit"])
+    pit.bar(np.arange(len(counts)) / len(counts), counts, width=1 / len(counts), align="edge")
+    pit.axhline(counts.sum() / len(counts), color="grey", lw=0.6)
+    pit.set(xlabel="PIT", ylabel="count", title="PIT histogram (flat: calibrated)")
+    fig.savefig(run_dir / "calibration.png", dpi=110)
+    return True
+
+
+def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    s = summary.get("strategy")
+    if not s:
+        return []
+    if "skipped" in s:
+        return ["## Strategy", "", f"(Not run: {s['skipped']}.)"]
+    keys = ["sharpe", "max_drawdown", "turnover", "net_return"]
+    rows = [["**model (equal-risk portfolio)**", *(s[k] for k in keys)]]
+    rows += [[f"model, {n}", *(i[k] for k in keys)] for n, i in s["by_instrument"].items()]
+    rows.append(["buy and hold", *(s["buy_and_hold"][k] for k in keys)])
+    if "best_baseline" in s:
+        b = s["best_baseline"]
+        rows.append([f"best baseline ({b['name']})", *(b[k] for k in keys)])
+    lines = [
+        "## Strategy",
+        "",
+        f"Positions from the horizon-1 forecast (`eval.strategy={s['rule']}`), held one bar, "
+        f"costs {s['cost_bps']:g} bp per unit of turnover; Sharpe annualised from the bars' "
+        "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
+        "",
+        *_table(["strategy", "Sharpe (net)", "max drawdown", "turnover", "net return"], rows),
+    ]
+    if (run_dir / "equity.png").is_file():
+        lines += ["", "![equity curves](equity.png)"]
+    return lines
+
+
 def _calibration_section(interpretation: dict[str, Any]) -> list[str]:
     cal = interpretation["calibration"]
     rows = [
@@ -492,6 +597,17 @@ def console_summary(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"direction: {accuracy:.1%} right, against {max(up, 1 - up):.1%} for always "
             f"{'up' if up >= 0.5 else 'down'}"
+        )
+    if m.get("ic") is not None:
+        t = f"{m['ic_t']:.1f}" if m.get("ic_t") is not None else "n/a"
+        lines.append(f"IC {m['ic']:+.3f} (t {t}), rank IC {m['rank_ic']:+.3f}")
+    strategy = summary.get("strategy") or {}
+    if strategy.get("sharpe") is not None:
+        hold = strategy["buy_and_hold"].get("sharpe")
+        lines.append(
+            f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs): Sharpe "
+            f"{strategy['sharpe']:.2f} after costs, buy and hold "
+            + ("n/a" if hold is None else f"{hold:.2f}")
         )
     quantiles, coverage = summary.get("quantiles"), m.get("test_coverage")
     if quantiles and coverage is not None:

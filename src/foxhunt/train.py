@@ -33,6 +33,8 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.evaluation.baselines import score_baselines
 from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, forecast_test
+from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
+from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
@@ -297,10 +299,9 @@ def train(
     }
     if trainer.is_global_zero:
         # the baselines, scored on the model's own validation and test windows
-        summary["baselines"], headline = _evaluate(
-            trainer, module, run_dir, tested["test_loss"], cfg.seed
-        )
-        summary["metrics"] |= headline
+        judged = _evaluate(trainer, module, run_dir, tested["test_loss"], cfg)
+        summary["metrics"] |= judged.pop("metrics")
+        summary |= judged
         # the best model, exported without pickle
         init = model_init(model_cfg, datamodule.schema)
         if cfg.precision.name == "int8":
@@ -323,22 +324,25 @@ def train(
 
 
 def _evaluate(
-    trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, seed: int
-) -> tuple[dict[str, dict], dict[str, Any]]:
-    """The model's test forecasts, once: written to test_forecasts.parquet and scored beside
-    the baselines (`foxhunt.evaluation.baselines`) on the same windows, pooled and per
-    instrument. Returns the baselines and the headline metrics: the skill against the
-    strongest baseline, its name, the base rate of up moves, and the same per instrument."""
+    trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, cfg: DictConfig
+) -> dict[str, Any]:
+    """The model's test forecasts, once: written to test_forecasts.parquet, scored beside the
+    baselines (`foxhunt.evaluation.baselines`) on the same windows, pooled and per instrument,
+    and judged as a quant would (`foxhunt.evaluation.quality`: IC, calibration, a costed
+    strategy). Returns summary.json's `baselines`, `evaluation` and `strategy`, and its
+    headline `metrics`: the skill against the strongest baseline, its name, the base rate of
+    up moves, the same per instrument, the IC and probabilistic scores."""
     started = time.perf_counter()
     datamodule: ParquetDataModule = trainer.datamodule
     schema, quantiles = datamodule.schema, module.quantiles.tolist()
     pred = forecast_test(trainer, module)
-    table = forecast_table(datamodule.datasets["test"], schema, pred, quantiles)
-    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(table, f))
-    baselines, test = score_baselines(
-        datamodule.datasets, schema.target_kind, quantiles, schema.groups, pred, seed
+    baselines, test, strongest = score_baselines(
+        datamodule.datasets, schema.target_kind, quantiles, schema.groups, pred, cfg.seed
     )
     pooled = test.pop(None, {})
+    best = None if strongest is None else (pooled["best_baseline"], strongest)
+    table = forecast_table(datamodule.datasets["test"], schema, pred, quantiles, best)
+    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(table, f))
     log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
     if pooled.get("test_loss") is not None and abs(pooled["test_loss"] / test_loss - 1) > 1e-3:
         log.warning(  # the same windows and model: a mismatch is a bug, not noise
@@ -350,7 +354,20 @@ def _evaluate(
         "test_up_share": pooled.get("up_share"),
         "by_instrument": test,
     }
-    return baselines, headline
+    judged, evaluation, results = evaluate(
+        table, schema.target_kind, cfg.eval.stride, cfg.eval.strategy, cfg.eval.cost_bps
+    )
+    strategy = strategy_summary(
+        results, cfg.eval.strategy, cfg.eval.cost_bps, pooled.get("best_baseline")
+    )
+    if cfg.report:
+        plot_equity(equity_curves(results, pooled.get("best_baseline")), run_dir / EQUITY_PLOT)
+    return {
+        "metrics": headline | judged,
+        "baselines": baselines,
+        "evaluation": evaluation,
+        "strategy": strategy,
+    }
 
 
 def export_and_test_int8(

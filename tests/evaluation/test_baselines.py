@@ -78,7 +78,7 @@ def test_quantile_baselines_are_fit_on_training_windows_and_scored_on_the_models
     # scored on the training ones) would give other numbers than these
     vol = np.where(np.arange(BARS) < 0.7 * BARS, 1.0, 3.0)
     dm = windows_of(noise_panel(tmp_path / "panel.parquet", vol))
-    out, test = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
+    out, test, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
 
     y_train, g_train = targets(dm.datasets["train"])
     q = torch.tensor(QUANTILES)
@@ -108,7 +108,9 @@ def test_the_model_is_scored_beside_the_baselines_per_instrument(tmp_path):
     _, g = targets(ds)
     table = {k: np.quantile(y_train[g_train == k], QUANTILES, axis=0).T for k in (0, 1)}
     model = np.stack([table[0] if k == 0 else np.zeros((H, 3)) for k in g]).astype(np.float32)
-    out, test = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups, model)
+    out, test, strongest = score_baselines(
+        dm.datasets, "return", QUANTILES, dm.schema.groups, model
+    )
 
     assert set(test) == {None, "A", "B"}
     a, b = test["A"], test["B"]
@@ -124,6 +126,11 @@ def test_the_model_is_scored_beside_the_baselines_per_instrument(tmp_path):
         assert found["best_baseline"] == best
         assert found["skill"] == pytest.approx(1 - found["test_loss"] / rivals[best]["test_loss"])
     assert b["skill"] < 0  # zeros lose to any spread
+    # the strongest baseline's own forecasts of the test windows, for its strategy
+    best = test[None]["best_baseline"]
+    y = torch.from_numpy(targets(ds)[0])
+    loss = float(quantile_loss(torch.from_numpy(strongest), y, torch.tensor(QUANTILES)))
+    assert loss == pytest.approx(out[best]["test_loss"], rel=1e-5)
 
 
 def test_no_baseline_sees_a_row_after_the_training_period(tmp_path):
@@ -152,7 +159,7 @@ def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tm
         ds.target_times([0])[0], T0 + FIVE_MIN * (first + E + np.arange(H))
     )
 
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
+    out, _, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["seasonal"]["about"] == "training quantiles by time of day (UTC, 30-minute buckets)"
     assert out["seasonal"]["test_loss"] < 0.92 * out["unconditional"]["test_loss"]
     assert out["seasonal"]["val_loss"] < 0.92 * out["unconditional"]["val_loss"]
@@ -161,7 +168,7 @@ def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tm
 def test_volatility_scaled_quantiles_beat_unconditional_ones_on_volatility_clustering(tmp_path):
     regimes = np.random.default_rng(1).choice([0.3, 3.0], BARS // 200)
     dm = windows_of(noise_panel(tmp_path / "clusters.parquet", np.repeat(regimes, 200)))
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
+    out, _, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["volatility_scaled"]["test_loss"] < 0.8 * out["unconditional"]["test_loss"]
 
 
@@ -193,7 +200,7 @@ def test_lightgbm_is_skipped_with_the_reason_when_not_installed(tmp_path, monkey
         baselines.importlib.util, "find_spec", lambda n, *a: None if n == "lightgbm" else real(n)
     )
     dm = windows_of(noise_panel(tmp_path / "panel.parquet", np.ones(BARS)))
-    out, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
+    out, _, _ = score_baselines(dm.datasets, "return", QUANTILES, dm.schema.groups)
     assert out["lightgbm"] == {
         "skipped": 'lightgbm is not installed (pip install -e ".[baselines]")'
     }

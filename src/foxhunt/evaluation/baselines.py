@@ -433,21 +433,22 @@ def score_baselines(
     names: list[str],
     model: np.ndarray | None = None,
     seed: int = 0,
-) -> tuple[dict[str, dict], dict[str | None, dict]]:
+) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
     test dataset's order; `foxhunt.evaluation.forecasts.forecast_test`) when given. Returns
     ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
     {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,
-    test_directional_accuracy, skill, best_baseline}}) on the test windows."""
+    test_directional_accuracy, skill, best_baseline}} on the test windows,
+    the strongest baseline's forecasts of the test windows like `model`'s, or None)."""
     predictors, out = fit_baselines(datasets["train"], target_kind, quantiles, seed)
     if len(datasets["val"]):
         scored, _ = score(predictors, datasets["val"], target_kind, quantiles, names)
         for name, found in scored.items():
             out[name]["val_loss"] = found[None]["loss"]
     if not len(datasets["test"]):
-        return out, {}
+        return out, {}, None
     if model is not None:
         predictors[MODEL] = model_forecasts(model, target_kind)
     scored, test = score(predictors, datasets["test"], target_kind, quantiles, names)
@@ -459,7 +460,18 @@ def score_baselines(
     for key in test if own is not None else ():
         against, best = skill(own[key]["test_loss"], {n: f[key] for n, f in scored.items()})
         test[key] |= own[key] | {"skill": against, "best_baseline": best}
-    return out, test
+    best = skill(0.0, out)[1]  # the strongest on the test windows, pooled
+    best_forecasts = forecast_all(predictors[best], datasets["test"], target_kind) if best else None
+    return out, test, best_forecasts
+
+
+def forecast_all(predict: Predict, ds: WindowDataset, target_kind: str) -> np.ndarray:
+    """[windows, H, Q] a predictor's forecasts (normalized) of every window of `ds`, in order."""
+    out = []
+    for chunk in np.array_split(np.arange(len(ds)), max(1, -(-len(ds) // CHUNK))):
+        w = gather(ds, chunk, target_kind)
+        out.append(w.reference.double().numpy()[..., None] + predict(w))
+    return np.concatenate(out).astype(np.float32)
 
 
 def _test_metrics(scores: dict[str, float | None]) -> dict[str, float | None]:

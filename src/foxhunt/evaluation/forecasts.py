@@ -41,12 +41,18 @@ def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
 
 
 def forecast_table(
-    dataset: WindowDataset, schema: DataSchema, pred: np.ndarray, quantiles: list[float]
+    dataset: WindowDataset,
+    schema: DataSchema,
+    pred: np.ndarray,
+    quantiles: list[float],
+    baseline: tuple[str, np.ndarray] | None = None,
 ) -> pa.Table:
     """`pred` [windows, H, Q] (normalized) in the target's own units: one row per (instrument,
     origin, horizon step) with the actual value, the naive forecast (zero return or last value:
     what directional accuracy measures moves from) and the target's scale (to normalize losses
-    as test_loss is). Quantiles stay as the test scored them (predict sorts crossing ones)."""
+    as test_loss is). Quantiles stay as the test scored them (predict sorts crossing ones).
+    `baseline`: (name, its forecasts like `pred`): the strongest baseline's, as columns
+    `baseline` and `baseline_q<level>` (its strategy runs beside the model's)."""
     n, h = len(dataset), schema.prediction_length
     start = dataset.starts
     scale, center = schema.target_scale, schema.target_center
@@ -61,6 +67,15 @@ def forecast_table(
     names = schema.groups or [None]
     instrument = [names[g] for g in dataset.group[start].tolist()]
     utc = pa.timestamp("ns", tz="UTC")
+    theirs = {}
+    if baseline is not None:
+        name, forecasts = baseline
+        values_b = forecasts.astype(np.float64) * scale + center
+        theirs = {"baseline": pa.array([name] * (n * h), pa.string()).dictionary_encode()}
+        theirs |= {
+            f"baseline_{quantile_column(q)}": values_b[:, :, j].ravel()
+            for j, q in enumerate(quantiles)
+        }
     return pa.table(
         {
             "instrument": pa.array(np.repeat(instrument, h), pa.string()),
@@ -73,5 +88,6 @@ def forecast_table(
             "actual": actual.ravel(),
             "naive": naive.ravel(),
             "target_scale": np.full(n * h, scale),
+            **theirs,
         }
     )

@@ -1,0 +1,152 @@
+"""What a quant reads from a forecast table (`forecasts.forecast_table`, a run's test forecasts
+or a backtest's pooled folds): the information coefficient and rank IC of the median with HAC
+standard errors, hit rates against the base rate, probabilistic quality and calibration
+(`stats`), and the costed strategy beside buy-and-hold and the best baseline's (`strategy`).
+
+The IC and the hit rates are counted over every `stride`-th window of each instrument
+(`eval.stride`, default the prediction length: windows whose targets do not overlap), with
+Newey-West lags of the prediction length over the target times. The probabilistic scores are
+over every window, normalized by the target's scale as test_loss is."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from foxhunt.errors import DataError
+from foxhunt.evaluation import stats
+from foxhunt.evaluation.forecasts import quantile_column
+from foxhunt.evaluation.strategy import PORTFOLIO, StrategyResult, compare
+
+log = logging.getLogger(__name__)
+BASELINE_PREFIX = "baseline_"
+EQUITY_PLOT = "equity.png"
+
+
+def _quantiles(table: pa.Table) -> list[float]:
+    return sorted(float(c[1:]) for c in table.column_names if c.startswith("q") and c != "q")
+
+
+def _column(table: pa.Table, name: str, h: int) -> np.ndarray:
+    """[windows, H] a per-row column of a window-major table (H rows per window)."""
+    return table[name].to_numpy(zero_copy_only=False).reshape(-1, h)
+
+
+def evaluate(
+    table: pa.Table, target_kind: str, stride: int | None, rule: str, cost_bps: float
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(headline metrics for summary.json's `metrics`, the details (per horizon, instrument and
+    quantile, the PIT histogram) for its `evaluation`, the strategy results by name, or
+    {skipped: why} for a level target that is no price)."""
+    h = int(pc.max(table["horizon"]).as_py())
+    quantiles = _quantiles(table)
+    q = np.asarray(quantiles)
+    pred = np.stack([_column(table, quantile_column(x), h) for x in quantiles], axis=-1)
+    actual, naive = _column(table, "actual", h), _column(table, "naive", h)
+    scale = _column(table, "target_scale", h)
+    names = _column(table, "instrument", h)[:, 0]
+    names = np.where(names == None, "series", names).astype(str)  # noqa: E711 - numpy's null
+    target_time = _column(table, "target_time", h).astype("datetime64[ns]").astype(np.int64)
+    median = pred[..., int(np.argmin(np.abs(q - 0.5)))] - naive  # forecast and realised moves
+    realised = actual - naive
+
+    # every stride-th window of an instrument, by its position among the instrument's windows
+    _, group = np.unique(names, return_inverse=True)
+    position = np.empty(len(group), np.int64)
+    for g in np.unique(group):
+        rows = np.flatnonzero(group == g)
+        position[rows] = np.argsort(np.argsort(target_time[rows, 0], kind="stable"))
+    keep = stats.strided(position, group, stride or h)
+
+    def ics(rows: np.ndarray, steps: slice | int) -> dict[str, Any]:
+        f, r, t = median[rows][:, steps], realised[rows][:, steps], target_time[rows][:, steps]
+        found = {}
+        for key, rank in (("ic", False), ("rank_ic", True)):
+            s = stats.ic(f.ravel(), r.ravel(), t.ravel(), lags=h, rank=rank)
+            found |= {key: s["mean"], f"{key}_se": s["se"], f"{key}_t": s["t"]}
+        return found | {"ic_mode": s["mode"], "ic_n": s["n"]}
+
+    kept = np.flatnonzero(keep)
+    pooled = ics(kept, slice(None))
+    hits = stats.hit_rates(median[kept], realised[kept])
+    norm_pred, norm_y = pred / scale[..., None], actual / scale
+    alpha = 1 - (q[-1] - q[0])
+    metrics = pooled | {
+        "hit_rate": hits["hit_rate"],
+        "majority_rate": hits["majority_rate"],
+        "crps": stats.crps_from_quantiles(norm_pred, norm_y, q),
+        "winkler": stats.winkler_score(norm_pred[..., 0], norm_pred[..., -1], norm_y, alpha),
+    }
+    evaluation = {
+        "stride": int(stride or h),
+        "windows": len(median),
+        "windows_scored": len(kept),
+        "by_horizon": [
+            {
+                "horizon": k + 1,
+                **ics(kept, k),
+                **stats.hit_rates(median[kept, k], realised[kept, k]),
+            }
+            for k in range(h)
+        ],
+        "by_instrument": {
+            name: ics(np.flatnonzero(keep & (names == name)), slice(None))
+            for name in dict.fromkeys(names)
+        },
+        "quantiles": quantiles,
+        "pinball_by_quantile": stats.pinball_per_quantile(norm_pred, norm_y, q).tolist(),
+        # observed share below each quantile forecast, per horizon: the calibration curve
+        "coverage_by_horizon": stats.coverage(pred, actual).tolist(),
+        "pit": stats.pit_histogram(pred, actual, q).tolist(),
+    }
+    baseline = None  # the best baseline's forecasts, under the model's column names
+    theirs = {BASELINE_PREFIX + quantile_column(x): quantile_column(x) for x in quantiles}
+    if set(theirs) <= set(table.column_names):
+        rest = table.drop_columns(list(theirs.values()))
+        baseline = rest.rename_columns([theirs.get(c, c) for c in rest.column_names])
+    try:
+        results = compare(table, rule, cost_bps, target_kind, baseline=baseline)
+    except DataError as why:  # a level that is not a price (no returns): no strategy
+        log.info("no strategy: %s", why)
+        results = {"skipped": str(why)}
+    return metrics, evaluation, results
+
+
+def strategy_summary(
+    results: dict[str, StrategyResult], rule: str, cost_bps: float, baseline: str | None
+) -> dict[str, Any]:
+    """summary.json's `strategy`: the model's (pooled: the equal-risk portfolio, and
+    by_instrument), buy-and-hold's and the best baseline's, by the same rule and costs; or
+    {skipped: why}."""
+    if "skipped" in results:
+        return {"skipped": results["skipped"]}
+    own = results["strategy"].summary()
+    out = {"rule": rule, "cost_bps": cost_bps, **own["pooled"]}
+    out |= {"hit_rate": results["strategy"].portfolio["hit_rate"]}
+    out |= {"by_instrument": own["by_instrument"]}
+    out["buy_and_hold"] = results["buy_and_hold"].summary()["pooled"]
+    if "baseline_strategy" in results:
+        theirs = results["baseline_strategy"].summary()["pooled"]
+        out["best_baseline"] = {"name": baseline, **theirs}
+    return out
+
+
+def equity_curves(
+    results: dict[str, StrategyResult], baseline: str | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The portfolios' equity curves by label: the model's strategy, buy-and-hold and the best
+    baseline's strategy."""
+    labels = {
+        "strategy": "model",
+        "buy_and_hold": "buy and hold",
+        "baseline_strategy": f"best baseline ({baseline})",
+    }
+    return {
+        labels[k]: r.curves[PORTFOLIO]
+        for k, r in results.items()
+        if isinstance(r, StrategyResult) and PORTFOLIO in r.curves
+    }
