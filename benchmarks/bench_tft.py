@@ -238,8 +238,8 @@ def import_pytorch_forecasting() -> Any:
     """Lazy, so that --skip-theirs works without pytorch-forecasting installed."""
     try:
         import pytorch_forecasting
-    except ImportError:
-        print('pytorch-forecasting is not installed: pip install -e ".[bench]"', file=sys.stderr)
+    except ImportError as exc:  # not installed, or one of its own imports fails
+        print(f'pytorch-forecasting: {exc}; pip install -e ".[bench]"', file=sys.stderr)
         sys.exit(2)
     return pytorch_forecasting
 
@@ -354,23 +354,42 @@ def count_gflop(c: Contender) -> float:
     return counter.get_total_flops() / 1e9
 
 
+def held_bytes(c: Contender, device: torch.device) -> int:
+    """Bytes on `device` of what a contender holds between steps and MemTracker counts for it:
+    parameters, buffers, gradients, optimizer state and its first batch."""
+    params = list(c.module.parameters())
+    tensors = [*params, *c.module.buffers(), *(p.grad for p in params if p.grad is not None)]
+    tensors += [t for s in c.optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
+    tensors += c.tensors(c.batches[0])
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in tensors
+        if t.device.type == device.type
+    }
+    return sum(storages.values())
+
+
 def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, float] | None]:
     """Peak MiB of one training step once the optimizer state exists, and its breakdown by
     part (foxhunt.memory.PARTS).
 
     MemTracker attributes every live tensor (parameters, gradients, optimizer state,
-    activations saved for backward, temporaries); on CUDA the allocator's own peak is the total
-    and MemTracker, where it works, only adds the breakdown."""
+    activations saved for backward, temporaries); on CUDA the allocator's own peak, less what
+    the other contender holds, is the total and MemTracker, where it works, only adds the
+    breakdown."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     breakdown: dict[str, float] | None = None
     total: float | None = None
     if device.type == "cuda":
         sync(device)
+        # the allocator counts both contenders (and cuBLAS's workspaces): leave out what is
+        # not this contender's, as MemTracker does
+        others = torch.cuda.memory_allocated(device) - held_bytes(c, device)
         torch.cuda.reset_peak_memory_stats(device)
         c.train_step(c.module)
         sync(device)
-        total = torch.cuda.max_memory_allocated(device) / MB
+        total = (torch.cuda.max_memory_allocated(device) - others) / MB
     try:
         tracker = MemTracker()
         tracker.track_external(c.module, c.optimizer, *c.tensors(c.batches[0]))
