@@ -222,6 +222,18 @@ def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
         (row,) = [r for r in csv.DictReader(f) if r.get("val_mae")]
     assert float(row["val_mae_bps"]) == pytest.approx(float(row["val_mae"]) * 1e4, rel=1e-5)
     assert 1 < float(row["val_mae_bps"]) < 100  # 5-minute returns: a few basis points
+    # what a quant reads: the IC with its error, the probabilistic scores, a costed strategy
+    m, strategy = summary["metrics"], summary["strategy"]
+    for key in ("ic", "rank_ic"):
+        assert -1 <= m[key] <= 1 and m[f"{key}_se"] > 0
+        assert m[f"{key}_t"] == pytest.approx(m[key] / m[f"{key}_se"])
+    assert m["crps"] > 0 and m["winkler"] > 0
+    assert summary["evaluation"]["stride"] == 4  # the prediction length: no overlap
+    assert len(summary["evaluation"]["by_horizon"]) == 4
+    assert strategy["rule"] == "sign" and strategy["cost_bps"] == 1.0
+    assert {"sharpe", "max_drawdown", "turnover", "net_return"} <= set(strategy)
+    assert set(strategy["by_instrument"]) == set(m["by_instrument"])
+    assert strategy["best_baseline"]["name"] == m["best_baseline"]
 
 
 @pytest.mark.slow
