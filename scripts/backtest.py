@@ -8,6 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt import backtest, cli
+from foxhunt.report import console_summary
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="backtest")
@@ -16,6 +17,8 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     summary = backtest.run(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
+    if cfg.backtest.fold is None:  # the whole backtest: its pooled figures, for a person
+        print("\n".join(console_summary(summary, run_dir / backtest.REPORT)))
     print(json.dumps(summary))
     # val_loss: the mean over the folds (one fold's with backtest.fold), for a sweeper
     return summary["metrics"][cfg.optimized_metric]

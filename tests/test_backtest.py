@@ -210,6 +210,10 @@ def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered
             assert scores["test_by_instrument"][name]["test_loss"] == pytest.approx(rivals[rival])
         if rivals:
             assert mine["skill"] == pytest.approx(1 - mine["test_loss"] / min(rivals.values()))
+    # the IC, calibration and strategy over every fold's rows together
+    assert written["evaluation"]["windows"] * 4 == pooled["test_rows"]
+    assert -1 <= pooled["ic"] <= 1 and pooled["ic_se"] > 0 and pooled["crps"] > 0
+    assert "skipped" in written["strategy"] or "sharpe" in written["strategy"]
     report = (out / "backtest_report.md").read_text()
     assert "### Per instrument" in report
     assert "| metric | fold 0 | fold 1 | fold 2 | pooled |" in report
@@ -329,6 +333,9 @@ def test_killed_backtest_resumes_at_its_fold(tmp_path, table_path):
     assert fresh["resumed_from"] is None
     summary = json.loads(result.stdout.strip().splitlines()[-1])  # printed last
     assert summary == json.loads((backtest_dir / "backtest_summary.json").read_text())
+    # before it, the pooled figures for a person, ending with the report's path
+    person = result.stdout.strip().splitlines()[-2]
+    assert person == f"report: {backtest_dir.resolve() / 'backtest_report.md'}"
     assert [f["fold"] for f in summary["folds"]] == [0, 1, 2]
 
 

@@ -368,6 +368,7 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     summary = {
         "backtest_dir": str(backtest_dir),
         "settings": _settings(cfg),
+        "quantiles": quantiles,
         "folds_missing": missing,
         # val_loss: the mean over the folds (what a sweep of backtests optimises); the test_*
         # metrics: every fold's out-of-sample rows pooled

@@ -481,6 +481,7 @@ def _plot_quality(run_dir: Path, ev: dict[str, Any]) -> bool:
         ax.errorbar(np.add(steps, shift), values, yerr=errors, fmt="o", capsize=3, label=key)
     ax.axhline(0, color="grey", lw=0.6)
     ax.set(xlabel="horizon step", ylabel="correlation", title="IC by horizon (+-2 se)")
+    ax.set_xticks(steps)
     ax.legend()
     fig.savefig(run_dir / "ic_by_horizon.png", dpi=110)
 
@@ -571,10 +572,10 @@ def _interpretation_section(interpretation: dict[str, Any]) -> list[str]:
     return lines
 
 
-def console_summary(summary: dict[str, Any]) -> list[str]:
+def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
     """What a person reads at the end of a run, before its JSON line: the test loss and the
     skill against the strongest baseline (per instrument too), direction against its base rate,
-    calibration in one line, and where the report is."""
+    calibration in one line, and where the report is (`report`, default the run's report.md)."""
     m = summary.get("metrics") or {}
     if m.get("test_loss") is None:
         return []
@@ -616,7 +617,8 @@ def console_summary(summary: dict[str, Any]) -> list[str]:
             f"calibration: the {quantiles[0]:g}-{quantiles[-1]:g} interval held {coverage:.1%} "
             f"of the test targets (nominal {nominal:.0%})"
         )
-    report = Path(summary.get("run_dir", "")) / "report.md"
-    if summary.get("run_dir") and report.is_file():
+    if report is None and summary.get("run_dir"):
+        report = Path(summary["run_dir"]) / "report.md"
+    if report is not None and report.is_file():
         lines.append(f"report: {report}")
     return lines
