@@ -476,6 +476,7 @@ def _strategy_table(summary: dict[str, Any]) -> list[str]:
                 [
                     name,
                     s["sharpe"],
+                    s.get("sharpe_se"),
                     s["max_drawdown"],
                     s["turnover"],
                     s["net_return"],
@@ -488,6 +489,7 @@ def _strategy_table(summary: dict[str, Any]) -> list[str]:
     head = [
         "",
         "Sharpe (net)",
+        "se",
         "max drawdown",
         "turnover",
         "net return",

@@ -507,7 +507,7 @@ def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
         return []
     if "skipped" in s:
         return ["## Strategy", "", f"(Not run: {s['skipped']}.)"]
-    keys = ["sharpe", "max_drawdown", "turnover", "net_return"]
+    keys = ["sharpe", "sharpe_se", "max_drawdown", "turnover", "net_return"]
     rows = [["**model (equal-risk portfolio)**", *(s[k] for k in keys)]]
     rows += [[f"model, {n}", *(i[k] for k in keys)] for n, i in s["by_instrument"].items()]
     rows.append(["buy and hold", *(s["buy_and_hold"][k] for k in keys)])
@@ -521,7 +521,10 @@ def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
         f"costs {s['cost_bps']:g} bp per unit of turnover; Sharpe annualised from the bars' "
         "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
         "",
-        *_table(["strategy", "Sharpe (net)", "max drawdown", "turnover", "net return"], rows),
+        *_table(["strategy", "Sharpe (net)", "se", "max drawdown", "turnover", "net return"], rows),
+        "",
+        "The standard error (Lo 2002, i.i.d. returns) says how far the Sharpe ratio of this "
+        "test period can be from zero by chance: a short period of fast bars gives a large one.",
     ]
     if (run_dir / "equity.png").is_file():
         lines += ["", "![equity curves](equity.png)"]
@@ -605,9 +608,12 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     strategy = summary.get("strategy") or {}
     if strategy.get("sharpe") is not None:
         hold = strategy["buy_and_hold"].get("sharpe")
+        se = strategy.get("sharpe_se")
         lines.append(
             f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs): Sharpe "
-            f"{strategy['sharpe']:.2f} after costs, buy and hold "
+            f"{strategy['sharpe']:.2f} after costs"
+            + ("" if se is None else f" (standard error {se:.2f})")
+            + ", buy and hold "
             + ("n/a" if hold is None else f"{hold:.2f}")
         )
     quantiles, coverage = summary.get("quantiles"), m.get("test_coverage")

@@ -102,11 +102,18 @@ def test_the_strategy_runs_beside_buy_and_hold_and_the_best_baseline(rule):
     assert signal["best_baseline"] == {
         "name": "zero",
         "sharpe": None,
+        "sharpe_se": None,
         "max_drawdown": 0.0,
         "turnover": 0.0,
         "net_return": 0.0,
     }
-    assert set(signal["buy_and_hold"]) == {"sharpe", "max_drawdown", "turnover", "net_return"}
+    assert set(signal["buy_and_hold"]) == {
+        "sharpe",
+        "sharpe_se",
+        "max_drawdown",
+        "turnover",
+        "net_return",
+    }
 
 
 def test_a_level_that_is_no_price_has_no_strategy():

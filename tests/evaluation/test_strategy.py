@@ -99,6 +99,9 @@ def test_sharpe_and_drawdown_of_a_known_path():
     held = buy_and_hold(forecast_rows("A", np.ones(5), r), 0.0, "return", bars_per_year=252)
     stats = held.per_instrument["A"]
     assert stats["sharpe"] == pytest.approx(expected, rel=1e-12)
+    # its standard error (Lo 2002): sqrt((1 + SR_bar^2 / 2) / n), annualised alike
+    per_bar = 0.006 / np.sqrt(29.2e-4 / 4)
+    assert stats["sharpe_se"] == pytest.approx(np.sqrt((1 + per_bar**2 / 2) / 5 * 252))
     assert stats["max_drawdown"] == pytest.approx(0.04, rel=1e-12)
     assert stats["net_return"] == pytest.approx(0.03)
     np.testing.assert_allclose(held.curves["A"][1], [0.02, 0.01, -0.02, -0.01, 0.03])
@@ -223,6 +226,7 @@ def test_compare_runs_the_baseline_on_the_same_bars(tmp_path):
     summary = json.loads(json.dumps({k: r.summary() for k, r in found.items()}))
     assert set(summary["strategy"]["pooled"]) == {
         "sharpe",
+        "sharpe_se",
         "max_drawdown",
         "turnover",
         "net_return",
