@@ -1,6 +1,7 @@
 """Benchmark foxhunt's TFT against pytorch-forecasting's, side by side in one process.
 
     python benchmarks/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
+                                   [--lean]
 
 Both models see the same synthetic data (`foxhunt.data.synthetic`) and shapes. Ours trains with
 the step training runs (`foxhunt.training.step.train_step`), theirs with the same sequence:
@@ -10,6 +11,12 @@ jobs) hits both alike. The output is a table, then, as the last line, one JSON o
 raw figures; the peak memory breakdown names the parts as `foxhunt.memory.PARTS` does.
 
 pytorch-forecasting is optional: `pip install -e ".[bench]"`, or pass --skip-theirs.
+
+--lean skips what only adds detail: the FLOP count (it runs every op through FlopCounterMode on
+the decomposed LSTM and attention, and does not depend on the device: count on a CPU) and, on
+CUDA, MemTracker's breakdown of the peak (the allocator's peak stands). Config B's
+pytorch-forecasting model runs a module per variable (225): under those two Python-level
+trackers one step of it took longer than gpu_check's whole 55-70 s budget on an H200.
 """
 
 from __future__ import annotations
@@ -86,9 +93,13 @@ CONFIGS = {
 }
 
 
+_STARTED = time.perf_counter()
+
+
 def log(message: str) -> None:
-    """Progress goes to stderr, so stdout stays the table and the JSON line."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress goes to stderr, so stdout stays the table and the JSON line; each line says the
+    seconds since start, so that a run killed by a timeout shows where the time went."""
+    print(f"[{time.perf_counter() - _STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def sync(device: torch.device) -> None:
@@ -369,9 +380,11 @@ def held_bytes(c: Contender, device: torch.device) -> int:
     return sum(storages.values())
 
 
-def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, float] | None]:
+def peak_memory(
+    c: Contender, device: torch.device, breakdown_on_cuda: bool = True
+) -> tuple[float, dict[str, float] | None]:
     """Peak MiB of one training step once the optimizer state exists, and its breakdown by
-    part (foxhunt.memory.PARTS).
+    part (foxhunt.memory.PARTS; on CUDA only with `breakdown_on_cuda`).
 
     MemTracker attributes every live tensor (parameters, gradients, optimizer state,
     activations saved for backward, temporaries); on CUDA the allocator's own peak, less what
@@ -390,6 +403,8 @@ def peak_memory(c: Contender, device: torch.device) -> tuple[float, dict[str, fl
         c.train_step(c.module)
         sync(device)
         total = (torch.cuda.max_memory_allocated(device) - others) / MB
+        if not breakdown_on_cuda:
+            return total, None
     try:
         tracker = MemTracker()
         tracker.track_external(c.module, c.optimizer, *c.tensors(c.batches[0]))
@@ -460,7 +475,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def summarize(c: Contender, gemm: float) -> dict[str, Any]:
     f = c.figures
     train = statistics.median(c.train_runs)
-    achieved = f["gflop_per_step"] * train / BATCH_SIZE  # GFLOP/step x steps/s
+    gflop = f["gflop_per_step"]  # None with --lean
+    achieved = None if gflop is None else gflop * train / BATCH_SIZE  # GFLOP/step x steps/s
     return {
         "params": c.params,
         "train_samples_per_s": train,
@@ -471,7 +487,7 @@ def summarize(c: Contender, gemm: float) -> dict[str, Any]:
         "peak_breakdown_mib": f["peak_breakdown_mib"],
         "gflop_per_step": f["gflop_per_step"],
         "achieved_gflops": achieved,
-        "gemm_fraction": achieved / gemm,
+        "gemm_fraction": None if achieved is None else achieved / gemm,
     }
 
 
@@ -493,7 +509,8 @@ def print_table(result: dict[str, Any]) -> None:
     row("eval ms/batch", "eval_ms_per_batch", ".2f", result["eval_speedup"], "speedup")
     row("peak train-step MiB", "peak_mib", ".1f", result["memory_ratio"], "ours/theirs")
     parts = [ours["peak_breakdown_mib"], theirs.get("peak_breakdown_mib")]
-    rows += [[*r, "", ""] for r in breakdown_rows(parts, indent="  ")]
+    if ours["peak_breakdown_mib"] is not None:  # --lean on CUDA: no breakdown
+        rows += [[*r, "", ""] for r in breakdown_rows(parts, indent="  ")]
     for label, key in (
         ("GFLOP/step (fwd+bwd)", "gflop_per_step"),
         ("achieved GFLOP/s", "achieved_gflops"),
@@ -544,6 +561,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-theirs", action="store_true", help="only ours; ratios are null")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: as is)")
     p.add_argument("--compile", action="store_true", help="wrap ours in torch.compile")
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="skip the FLOP count and, on CUDA, the peak's breakdown (the allocator's peak stays)",
+    )
     args = p.parse_args(argv)
     shape = CONFIGS[args.config]
     args.steps = shape.default_steps if args.steps is None else args.steps
@@ -575,17 +597,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         datamodule, setup_s = build_datamodule(frame, Path(tmp))  # setup() reads it all
     contenders = [build_ours(shape, datamodule, pool, device)]
     if not args.skip_theirs:
+        log("theirs: TimeSeriesDataSet and model ...")
         contenders.append(build_theirs(shape, frame, pool, device))
 
+    log("matmul rates and the DataModule's rate ...")
     gemm = gemm_gflops(device, torch.float32)
     gemm_bf16 = gemm_gflops(device, torch.bfloat16) if device.type == "cuda" else None
     dm_rate = datamodule_windows_per_s(datamodule)
 
     compile_error: str | None = None
     for c in contenders:
-        log(f"{c.name}: FLOP count and memory steps ...")
-        c.figures["gflop_per_step"] = count_gflop(c)  # also the step creating AdamW's state
-        c.figures["peak_mib"], c.figures["peak_breakdown_mib"] = peak_memory(c, device)
+        if args.lean:
+            log(f"{c.name}: first step (AdamW's state) ...")
+            c.train_step(c.module)
+            c.figures["gflop_per_step"] = None
+        else:
+            log(f"{c.name}: FLOP count (also the step creating AdamW's state) ...")
+            c.figures["gflop_per_step"] = count_gflop(c)
+        tracker = "allocator" if args.lean and device.type == "cuda" else "MemTracker"
+        log(f"{c.name}: peak memory ({tracker}) ...")
+        c.figures["peak_mib"], c.figures["peak_breakdown_mib"] = peak_memory(
+            c, device, breakdown_on_cuda=not args.lean
+        )
         if args.compile and c.name == "ours":
             compile_error = try_compile(c)
             if compile_error:
@@ -622,6 +655,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_batches": args.eval_batches,
         "compile": args.compile,
         "compile_error": compile_error,
+        "lean": args.lean,
         "param_ratio": param_ratio,
         "param_warning": param_warning,
         "train_speedup": _ratio(
