@@ -1,0 +1,242 @@
+"""Futures as futures: contract ids parsed into a root and an expiry month, a roll schedule per
+root, and one back-adjusted continuous series per root (pure functions over one root's
+contracts; numpy only).
+
+- A contract id is `ROOT + month code + year` by default (`ESH6`, `ESM26`, `CLZ2025`), the
+  month codes F G H J K M N Q U V X Z for January to December; `root_pattern` is a regex with
+  the groups `root`, `month` and `year`. A one- or two-digit year is the nearest such year at or
+  after the contract's first bar's year less one (a contract trades before its expiry year).
+- The roll from the front contract to the next happens at the first bar the next contract is
+  held, decided from data up to the bar before it (no look-ahead):
+  - `volume` (or `open_interest`): after the next contract's volume (open interest) has
+    exceeded the front's on `confirm_bars` consecutive common bars;
+  - `days_before_expiry`: at the first bar at least `days` calendar days before the front's
+    expiry (the third Friday of its month by the month-code calendar, or an expiry column);
+  - `fixed`: at the first bar at or after each given time.
+- The continuous series takes each contract's bars while it is held. History is adjusted
+  backwards at each roll so that the newest contract's prices are its own: `ratio` multiplies
+  earlier prices by the next contract's close over the front's at the last common bar before
+  the roll (log returns then equal each contract's own bar-to-bar returns, also at the roll
+  bar), `difference` adds the difference of those closes (price differences equal each
+  contract's own), `none` leaves the jump in.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from foxhunt.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+MONTH_CODES = "FGHJKMNQUVXZ"  # January .. December
+ROOT_PATTERN = r"^(?P<root>[A-Z0-9]+?)(?P<month>[FGHJKMNQUVXZ])(?P<year>\d{1,4})$"
+RULES = ("volume", "open_interest", "days_before_expiry", "fixed")
+ADJUSTMENTS = ("ratio", "difference", "none")
+DAY_NS = 86_400 * 10**9
+PRICES = ("open", "high", "low", "close")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """One contract's identity and bars (times strictly increasing, int64 ns UTC)."""
+
+    id: str
+    root: str
+    month: int  # 1 .. 12
+    year: int
+    time_ns: np.ndarray
+    prices: dict[str, np.ndarray]  # open, high, low, close
+    volume: np.ndarray
+    open_interest: np.ndarray | None = None
+    expiry_ns: int | None = None  # from an expiry column; else the month-code calendar
+
+    @property
+    def expiry(self) -> int:
+        """The expiry (int64 ns UTC): the expiry column's, or the third Friday of the month."""
+        return self.expiry_ns if self.expiry_ns is not None else third_friday(self.year, self.month)
+
+
+@dataclass(frozen=True)
+class Roll:
+    time_ns: int  # the first bar of the new contract
+    from_id: str
+    to_id: str
+    factor: float  # ratio: next / front close; difference: next - front; none: nan
+
+
+def parse_contract(contract_id: str, first_time_ns: int, pattern: str = ROOT_PATTERN) -> tuple:
+    """(root, month, year) of a contract id; a DataError naming it when it does not parse."""
+    found = re.match(pattern, contract_id)
+    if found is None or not {"root", "month", "year"} <= set(found.groupdict()):
+        raise DataError(
+            f"contract '{contract_id}' does not parse as root + month code + year "
+            f"(data.futures.root_pattern={pattern!r})"
+        )
+    root, code, digits = found["root"], found["month"], found["year"]
+    if code not in MONTH_CODES:
+        raise DataError(f"contract '{contract_id}': '{code}' is no month code ({MONTH_CODES})")
+    start = int(np.datetime64(int(first_time_ns), "ns").astype("datetime64[Y]").astype(int)) + 1970
+    if len(digits) >= 3:
+        year = int(digits)
+    else:  # the nearest year with these last digits at or after the first bar's year less one
+        base = 10 ** len(digits)
+        year = start - 1 + (int(digits) - (start - 1)) % base
+    return root, MONTH_CODES.index(code) + 1, year
+
+
+def third_friday(year: int, month: int) -> int:
+    """The third Friday of a month at 00:00 UTC (int64 ns): equity index futures' expiry."""
+    first = np.datetime64(f"{year:04d}-{month:02d}-01", "D")
+    weekday = (first.astype(int) + 3) % 7  # Monday = 0 (1970-01-01 was a Thursday)
+    friday = first + (4 - weekday) % 7 + 14
+    return int(friday.astype("datetime64[ns]").astype(np.int64))
+
+
+def roll_schedule(
+    contracts: list[Contract],
+    rule: str,
+    confirm_bars: int = 1,
+    days: int = 5,
+    fixed: list[int] | None = None,
+) -> list[Roll]:
+    """The rolls between one root's contracts (ordered by expiry), factor not yet set (nan)."""
+    if rule not in RULES:
+        raise ConfigError(f"data.futures.roll.rule must be one of {', '.join(RULES)}, got {rule}")
+    ordered = sorted(contracts, key=lambda c: c.expiry)
+    rolls, held_from = [], ordered[0].time_ns[0]
+    for k, (front, nxt) in enumerate(zip(ordered, ordered[1:], strict=False)):
+        at = _roll_time(front, nxt, rule, confirm_bars, days, fixed, k, held_from)
+        rolls.append(Roll(at, front.id, nxt.id, float("nan")))
+        held_from = at
+    return rolls
+
+
+def _roll_time(
+    front: Contract,
+    nxt: Contract,
+    rule: str,
+    confirm_bars: int,
+    days: int,
+    fixed: list[int] | None,
+    k: int,
+    held_from: int,
+) -> int:
+    """When `nxt` takes over from `front`: the first bar of `nxt` that is held."""
+    common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
+    mine = common >= held_from
+    common, fi, ni = common[mine], fi[mine], ni[mine]
+    if len(common) == 0:  # no overlap: the next contract from its first bar after the front
+        after = nxt.time_ns[nxt.time_ns > front.time_ns[-1]]
+        if len(after) == 0:
+            raise DataError(f"contracts {front.id} and {nxt.id} have no bar of {nxt.id} to roll to")
+        gap = (after[0] - front.time_ns[-1]) / DAY_NS
+        log.warning(
+            "futures: %s ends %.1f days before %s's first bar after it: a gap in the "
+            "continuous series",
+            front.id,
+            gap,
+            nxt.id,
+        )
+        return int(after[0])
+    if rule in ("volume", "open_interest"):
+        if rule == "open_interest":
+            if front.open_interest is None or nxt.open_interest is None:
+                raise ConfigError(
+                    "data.futures.roll.rule=open_interest needs "
+                    "data.futures.roll.open_interest_column"
+                )
+            a, b = front.open_interest[fi], nxt.open_interest[ni]
+        else:
+            a, b = front.volume[fi], nxt.volume[ni]
+        ahead = b > a
+        # the bar where `ahead` has held on confirm_bars consecutive common bars
+        run = np.convolve(ahead, np.ones(confirm_bars, int), "full")[: len(ahead)]
+        confirmed = np.flatnonzero(run >= confirm_bars)
+        if len(confirmed) == 0 or confirmed[0] + 1 >= len(common):
+            raise DataError(
+                f"contracts {front.id} and {nxt.id} overlap on {len(common)} bars but "
+                f"{nxt.id}'s {rule.replace('_', ' ')} never exceeds {front.id}'s on "
+                f"{confirm_bars} consecutive bars before {front.id} ends: no roll signal "
+                "(data.futures.roll.rule)"
+            )
+        return int(common[confirmed[0] + 1])  # decided at that bar's close: held from the next
+    if rule == "days_before_expiry":
+        due = front.expiry - days * DAY_NS
+        later = common[common >= due]
+        return int(later[0] if len(later) else nxt.time_ns[nxt.time_ns > front.time_ns[-1]][0])
+    if fixed is None or k >= len(fixed):
+        raise ConfigError(
+            f"data.futures.roll.rule=fixed needs a date for the roll from {front.id} to "
+            f"{nxt.id} (data.futures.roll.dates, one per roll)"
+        )
+    later = nxt.time_ns[nxt.time_ns >= fixed[k]]
+    if len(later) == 0:
+        raise DataError(f"no bar of {nxt.id} at or after the fixed roll date {fixed[k]}")
+    return int(later[0])
+
+
+@dataclass
+class Continuous:
+    """One root's continuous series: the held contract's bars, adjusted backwards."""
+
+    root: str
+    time_ns: np.ndarray
+    prices: dict[str, np.ndarray]  # open, high, low, close (adjusted)
+    volume: np.ndarray
+    contract: np.ndarray  # [bars] index into `ids`: which contract each bar is from
+    ids: list[str]
+    rolls: list[Roll]
+
+
+def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continuous:
+    """The continuous series of one root from its contracts and rolls (see the module)."""
+    if adjust not in ADJUSTMENTS:
+        raise ConfigError(
+            f"data.futures.roll.adjust must be one of {', '.join(ADJUSTMENTS)}, got {adjust}"
+        )
+    ordered = sorted(contracts, key=lambda c: c.expiry)
+    bounds = [ordered[0].time_ns[0], *(r.time_ns for r in rolls), np.iinfo(np.int64).max]
+    pieces, factors = [], []
+    for k, c in enumerate(ordered):
+        held = (c.time_ns >= bounds[k]) & (c.time_ns < bounds[k + 1])
+        pieces.append(held)
+        if k == 0:
+            continue
+        # the last bar before the roll that both contracts have: the adjustment's prices
+        front = ordered[k - 1]
+        before = np.intersect1d(front.time_ns, c.time_ns[c.time_ns < bounds[k]])
+        if len(before) == 0:
+            factors.append(1.0 if adjust == "ratio" else 0.0)
+            continue
+        at = before[-1]
+        old = front.prices["close"][np.searchsorted(front.time_ns, at)]
+        new = c.prices["close"][np.searchsorted(c.time_ns, at)]
+        factors.append(new / old if adjust == "ratio" else new - old)
+    out_rolls = [
+        Roll(r.time_ns, r.from_id, r.to_id, f if adjust != "none" else float("nan"))
+        for r, f in zip(rolls, factors or [float("nan")] * len(rolls), strict=True)
+    ]
+    # each earlier contract's prices adjusted by every later roll's factor
+    prices = {p: [] for p in PRICES}
+    for k, (c, held) in enumerate(zip(ordered, pieces, strict=True)):
+        later = factors[k:]
+        for p in PRICES:
+            x = c.prices[p][held]
+            if adjust == "ratio":
+                x = x * float(np.prod(later))
+            elif adjust == "difference":
+                x = x + float(np.sum(later))
+            prices[p].append(x)
+    return Continuous(
+        root=ordered[0].root,
+        time_ns=np.concatenate([c.time_ns[h] for c, h in zip(ordered, pieces, strict=True)]),
+        prices={p: np.concatenate(v) for p, v in prices.items()},
+        volume=np.concatenate([c.volume[h] for c, h in zip(ordered, pieces, strict=True)]),
+        contract=np.concatenate([np.full(h.sum(), k) for k, h in enumerate(pieces)]),
+        ids=[c.id for c in ordered],
+        rolls=out_rolls,
+    )

@@ -1,0 +1,156 @@
+"""Futures: contract ids, roll schedules at the configured signal, and continuous series whose
+returns (ratio) or price differences (difference) are each contract's own across every roll."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+
+from foxhunt.data.futures import (
+    Contract,
+    parse_contract,
+    roll_schedule,
+    stitch,
+    third_friday,
+)
+from foxhunt.errors import ConfigError, DataError
+
+DAY = 86_400 * 10**9
+T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
+
+
+def ns(day: str) -> int:
+    return int(np.datetime64(day, "ns").astype(np.int64))
+
+
+def contracts(
+    adjust: str, contango: float = 0.01, seed: int = 0
+) -> tuple[list[Contract], np.ndarray]:
+    """Three quarterly contracts of one daily price path: contract k trades at path x
+    (1 + contango)^k (ratio) or path + 10 k (difference), each over its own 120 days,
+    overlapping the next by 40; volume moves from one to the next over the overlap."""
+    rng = np.random.default_rng(seed)
+    days = 120 + 2 * 80
+    path = 5000 * np.exp(np.cumsum(rng.normal(0, 0.01, days)))
+    out = []
+    for k, code in enumerate("HMU"):
+        span = np.arange(80 * k, 80 * k + 120)
+        level = path[span] * (1 + contango) ** k if adjust == "ratio" else path[span] + 10 * k
+        # the front's volume falls and the next's rises across days 80-120 of each contract
+        rising = np.clip((span - 80 * k) / 40, 0, 1)
+        falling = np.clip((80 * k + 120 - span) / 40, 0, 1)
+        volume = 1000 * np.minimum(rising if k else 1, falling if k < 2 else 1) + 1
+        out.append(
+            Contract(
+                id=f"ES{code}6",
+                root="ES",
+                month="FGHJKMNQUVXZ".index(code) + 1,
+                year=2026,
+                time_ns=T0 + DAY * span,
+                prices={p: level.copy() for p in ("open", "high", "low", "close")},
+                volume=volume,
+            )
+        )
+    return out, path
+
+
+@pytest.mark.parametrize(
+    ("contract", "first", "expected"),
+    [
+        ("ESH6", "2025-12-01", ("ES", 3, 2026)),
+        ("ESZ9", "2029-06-01", ("ES", 12, 2029)),
+        ("ESH0", "2029-12-15", ("ES", 3, 2030)),  # a contract trades before its expiry year
+        ("CLZ25", "2025-01-01", ("CL", 12, 2025)),
+        ("6EM2026", "2026-01-01", ("6E", 6, 2026)),
+    ],
+)
+def test_contract_ids_parse_into_root_month_and_year(contract, first, expected):
+    assert parse_contract(contract, ns(first)) == expected
+
+
+def test_an_unparseable_contract_is_one_line_naming_it():
+    with pytest.raises(DataError, match="contract 'SPX' does not parse as root \\+ month code"):
+        parse_contract("SPX", T0)
+
+
+def test_expiry_by_the_month_code_calendar_is_the_third_friday():
+    assert third_friday(2026, 3) == ns("2026-03-20")
+    assert third_friday(2026, 6) == ns("2026-06-19")
+    assert third_friday(2025, 12) == ns("2025-12-19")
+
+
+@pytest.mark.parametrize("confirm", [1, 3])
+def test_the_volume_roll_is_at_the_confirmed_crossover(confirm):
+    cs, _ = contracts("ratio")
+    rolls = roll_schedule(cs, "volume", confirm_bars=confirm)
+    assert [(r.from_id, r.to_id) for r in rolls] == [("ESH6", "ESM6"), ("ESM6", "ESU6")]
+    for r, (front, nxt) in zip(rolls, itertools.pairwise(cs), strict=True):
+        common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
+        ahead = nxt.volume[ni] > front.volume[fi]
+        first = next(
+            i
+            for i in range(len(ahead))
+            if ahead[i - confirm + 1 : i + 1].all() and i >= confirm - 1
+        )
+        assert r.time_ns == common[first + 1]  # decided at that bar's close: held from the next
+
+
+def test_the_expiry_roll_is_n_days_before_the_front_s_expiry():
+    cs, _ = contracts("ratio")
+    cs = [Contract(**{**c.__dict__, "expiry_ns": int(c.time_ns[-1])}) for c in cs]
+    rolls = roll_schedule(cs, "days_before_expiry", days=7)
+    for r, front in zip(rolls, cs, strict=False):
+        assert r.time_ns == front.time_ns[-1] - 7 * DAY  # daily bars: that very day
+
+
+def test_contracts_without_a_roll_signal_are_one_line():
+    cs, _ = contracts("ratio")
+    flat = [Contract(**{**c.__dict__, "volume": np.full(len(c.time_ns), 5.0)}) for c in cs]
+    with pytest.raises(DataError, match="ESM6's volume never exceeds ESH6's on 2 consecutive"):
+        roll_schedule(flat, "volume", confirm_bars=2)
+    with pytest.raises(ConfigError, match="open_interest_column"):
+        roll_schedule(cs, "open_interest")
+
+
+@pytest.mark.parametrize("confirm", [1, 4])
+def test_ratio_adjusted_returns_are_the_path_s_across_every_roll(confirm):
+    cs, path = contracts("ratio", contango=0.02)
+    series = stitch(cs, roll_schedule(cs, "volume", confirm_bars=confirm), "ratio")
+    days = (series.time_ns - T0) // DAY
+    assert (np.diff(days) == 1).all() and days[0] == 0 and days[-1] == len(path) - 1
+    np.testing.assert_allclose(
+        np.diff(np.log(series.prices["close"])), np.diff(np.log(path)), rtol=0, atol=1e-12
+    )
+    # the newest contract's prices are its own; the factors are the contango
+    assert series.prices["close"][-1] == pytest.approx(path[-1] * 1.02**2)
+    assert [r.factor for r in series.rolls] == pytest.approx([1.02, 1.02])
+    assert list(series.contract[:80]) == [0] * 80 and series.contract[-1] == 2
+
+
+def test_difference_adjusted_price_changes_are_the_path_s():
+    cs, path = contracts("difference")
+    series = stitch(cs, roll_schedule(cs, "volume"), "difference")
+    np.testing.assert_allclose(np.diff(series.prices["close"]), np.diff(path), atol=1e-9)
+    assert [r.factor for r in series.rolls] == pytest.approx([10.0, 10.0])
+
+
+def test_unadjusted_series_keeps_the_jump():
+    cs, path = contracts("ratio", contango=0.02)
+    rolls = roll_schedule(cs, "volume")
+    series = stitch(cs, rolls, "none")
+    jumps = np.diff(np.log(series.prices["close"])) - np.diff(np.log(path))
+    at = np.flatnonzero(np.abs(jumps) > 1e-9)
+    assert len(at) == 2 and np.allclose(jumps[at], np.log(1.02))
+    assert series.time_ns[at + 1].tolist() == [r.time_ns for r in rolls]
+
+
+def test_a_gap_between_contracts_is_a_warning_naming_them(caplog):
+    cs, _ = contracts("ratio")
+    late = Contract(**{**cs[1].__dict__, "time_ns": cs[1].time_ns + 60 * DAY})
+    with caplog.at_level(logging.WARNING, logger="foxhunt.data.futures"):
+        rolls = roll_schedule([cs[0], late], "volume")
+    assert rolls[0].time_ns == late.time_ns[0]
+    assert "ESH6 ends 21.0 days before ESM6's first bar after it" in caplog.text
