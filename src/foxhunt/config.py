@@ -69,6 +69,32 @@ class OhlcvConfig:
     num_features: int | None = None
 
 
+RollRule = StrEnum("RollRule", ["volume", "open_interest", "days_before_expiry", "fixed"])
+RollAdjust = StrEnum("RollAdjust", ["ratio", "difference", "none"])
+
+
+@dataclass
+class RollConfig:
+    """When a root's next contract takes over, and how history is adjusted (data.futures)."""
+
+    rule: RollRule = RollRule.volume
+    confirm_bars: int = 3  # volume / open_interest: consecutive bars the next one leads
+    days: int = 5  # days_before_expiry: calendar days before the front's expiry
+    dates: list[str] = field(default_factory=list)  # fixed: one ISO time per roll
+    open_interest_column: str | None = None
+    adjust: RollAdjust = RollAdjust.ratio
+
+
+@dataclass
+class FuturesConfig:
+    """Contracts of one root as one continuous, back-adjusted series (foxhunt.data.futures)."""
+
+    enabled: bool = False
+    # data.group_column holds the contract id (ESH6, ...); the instrument becomes its root
+    root_pattern: str = r"^(?P<root>[A-Z0-9]+?)(?P<month>[FGHJKMNQUVXZ])(?P<year>\d{1,4})$"
+    roll: RollConfig = field(default_factory=RollConfig)
+
+
 @dataclass
 class SplitConfig:
     """Calendar cuts shared by every instrument (`foxhunt.data.splits`)."""
@@ -108,6 +134,7 @@ class DataConfig:
     val_fraction: float = 0.15  # of the common timeline (all instruments' distinct times)
     test_fraction: float = 0.15
     split: SplitConfig = field(default_factory=SplitConfig)
+    futures: FuturesConfig = field(default_factory=FuturesConfig)
     batch_size: int = 64
     num_workers: int = 0
     nan_policy: NanPolicy = NanPolicy.error

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 from hydra.errors import InstantiationException
@@ -29,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.evaluation.baselines import score_baselines
@@ -316,6 +318,10 @@ def train(
     summary["memory"] = memory_summary(cfg.memory.name, memory, device)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if trainer.is_global_zero:  # under DDP every process has the summary; one writes it
+        if datamodule.rolls:  # data.futures: the rolls the continuous series were cut at
+            rolls = rolls_table(datamodule.rolls)
+            write_atomic(run_dir / ROLLS, lambda f: pacsv.write_csv(rolls, f))
+            summary["rolls"] = str(run_dir / ROLLS)
         write_json(run_dir / "summary.json", summary)
         if cfg.report:  # after the summary: nothing here can lose it
             _report(cfg, run_dir, summary, module, datamodule)

@@ -7,8 +7,13 @@ import itertools
 import logging
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 
+from foxhunt.config import DataConfig
+from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
     Contract,
     parse_contract,
@@ -17,6 +22,8 @@ from foxhunt.data.futures import (
     third_friday,
 )
 from foxhunt.errors import ConfigError, DataError
+from foxhunt.train import train
+from tests.helpers import compose_train
 
 DAY = 86_400 * 10**9
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
@@ -154,3 +161,84 @@ def test_a_gap_between_contracts_is_a_warning_naming_them(caplog):
         rolls = roll_schedule([cs[0], late], "volume")
     assert rolls[0].time_ns == late.time_ns[0]
     assert "ESH6 ends 21.0 days before ESM6's first bar after it" in caplog.text
+
+
+def contract_file(path, contango: float = 0.02) -> tuple:
+    """The three contracts as one Parquet file of daily OHLCV bars, one row per contract and
+    day (the overlaps twice), symbol = the contract id."""
+    cs, path_prices = contracts("ratio", contango=contango)
+    cols = {
+        "timestamp": [],
+        "symbol": [],
+        "open": [],
+        "high": [],
+        "low": [],
+        "close": [],
+        "volume": [],
+    }
+    for c in cs:
+        cols["timestamp"].append(c.time_ns)
+        cols["symbol"].append(np.full(len(c.time_ns), c.id))
+        for p in ("open", "high", "low", "close"):
+            cols[p].append(c.prices[p])
+        cols["volume"].append(c.volume)
+    table = pa.table(
+        {
+            k: pa.array(np.concatenate(v), pa.timestamp("ns", tz="UTC"))
+            if k == "timestamp"
+            else np.concatenate(v)
+            for k, v in cols.items()
+        }
+    )
+    pq.write_table(table, path)
+    return cs, path_prices
+
+
+def futures_cfg(path) -> DataConfig:
+    cfg = DataConfig(
+        path=str(path),
+        group_column="symbol",
+        features="ohlcv",
+        encoder_length=16,
+        prediction_length=4,
+        lazy=False,
+    )
+    cfg.futures.enabled = True
+    cfg.futures.roll.confirm_bars = 2
+    return cfg
+
+
+def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
+    cs, path = contract_file(tmp_path / "es.parquet")
+    dm = ParquetDataModule(futures_cfg(tmp_path / "es.parquet"))
+    dm.setup()
+    assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known
+    assert [(r.from_id, r.to_id) for r in dm.rolls] == [("ESH6", "ESM6"), ("ESM6", "ESU6")]
+    # the target (1-bar log return of the adjusted close) is the path's: no jump at a roll
+    ds = dm.datasets["train"]
+    target = ds.target.double().numpy() * dm.schema.target_scale + dm.schema.target_center
+    days = (ds.time_ns.numpy() - T0) // DAY
+    np.testing.assert_allclose(target[1:], np.diff(np.log(path))[days[1:] - 1], atol=1e-6)
+
+
+def test_a_run_writes_its_roll_schedule(tmp_path):
+    contract_file(tmp_path / "es.parquet")
+    overrides = [
+        "data=parquet",
+        f"data.path={tmp_path / 'es.parquet'}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        "data.lazy=false",
+        "data.futures.enabled=true",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "report=false",
+    ]
+    train(compose_train(*overrides), tmp_path / "run")
+    rolls = pacsv.read_csv(tmp_path / "run" / "rolls.csv")
+    assert rolls.column_names == ["time", "from", "to", "factor"]
+    assert rolls["from"].to_pylist() == ["ESH6", "ESM6"]
+    assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])

@@ -67,6 +67,9 @@ def resolve_columns(
     extra = extra_features(cfg, observed, target, known, static)
     observed += extra
     wanted += extra
+    futures = getattr(cfg, "futures", None)
+    if futures is not None and futures.enabled and futures.roll.open_interest_column:
+        wanted.append(futures.roll.open_interest_column)  # read, not a feature
     missing = [c for c in dict.fromkeys(wanted) if c not in names]
     if missing:
         raise DataError(

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from foxhunt.data.read import Loaded, load, timeline
+from foxhunt.data.read import Loaded, futures_enabled, load, timeline
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
@@ -30,7 +30,7 @@ from foxhunt.data.splits import (
     split_starts,
 )
 from foxhunt.data.store import open_store, wants_lazy
-from foxhunt.errors import DataError
+from foxhunt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.schema: DataSchema | None = None
         self.datasets: dict[str, WindowDataset] = {}
         self.store_path: Path | None = None  # the lazy path's window store (data.lazy)
+        self.rolls: list = []  # data.futures: every root's rolls
         self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
 
     def prepare_data(self) -> None:
@@ -193,7 +194,12 @@ class ParquetDataModule(L.LightningDataModule):
         if self.schema is not None:
             return
         self.prepare_data()
-        if wants_lazy(self.cfg):
+        if futures_enabled(self.cfg) and self.cfg.lazy is True:
+            raise ConfigError(
+                "data.futures reads a root's contracts together: use data.lazy=false (the "
+                "lazy store reads one contract at a time)"
+            )
+        if wants_lazy(self.cfg) and not futures_enabled(self.cfg):
             self._build_lazy()
         else:
             loaded = load(self.cfg)  # first: its checks name what is wrong with the files
@@ -202,6 +208,7 @@ class ParquetDataModule(L.LightningDataModule):
     def _build(self, loaded: Loaded, cuts: Cuts) -> None:
         """The in-memory path: every instrument at once, normalized into one tensor."""
         cfg = self.cfg
+        self.rolls = loaded.rolls  # data.futures: every root's rolls (rolls.csv)
         series = list(loaded.series)
         E, H = cfg.encoder_length, cfg.prediction_length
         splits = [split_starts(s.time_ns, cuts, E, H) for s in series]

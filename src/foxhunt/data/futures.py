@@ -26,9 +26,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from foxhunt.config import parse_time
 from foxhunt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ RULES = ("volume", "open_interest", "days_before_expiry", "fixed")
 ADJUSTMENTS = ("ratio", "difference", "none")
 DAY_NS = 86_400 * 10**9
 PRICES = ("open", "high", "low", "close")
+ROLLS = "rolls.csv"  # the roll schedule, in a run directory
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Contract:
     volume: np.ndarray
     open_interest: np.ndarray | None = None
     expiry_ns: int | None = None  # from an expiry column; else the month-code calendar
+    rows: np.ndarray | None = None  # the bars' rows in the table they came from
 
     @property
     def expiry(self) -> int:
@@ -190,6 +195,9 @@ class Continuous:
     contract: np.ndarray  # [bars] index into `ids`: which contract each bar is from
     ids: list[str]
     rolls: list[Roll]
+    rows: np.ndarray | None  # [bars] the contracts' `rows` of each bar
+    scale: np.ndarray  # [bars] ratio: the factor each bar's prices were multiplied by
+    shift: np.ndarray  # [bars] difference: the amount added to each bar's prices
 
 
 def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continuous:
@@ -221,22 +229,104 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
         for r, f in zip(rolls, factors or [float("nan")] * len(rolls), strict=True)
     ]
     # each earlier contract's prices adjusted by every later roll's factor
-    prices = {p: [] for p in PRICES}
-    for k, (c, held) in enumerate(zip(ordered, pieces, strict=True)):
-        later = factors[k:]
-        for p in PRICES:
-            x = c.prices[p][held]
-            if adjust == "ratio":
-                x = x * float(np.prod(later))
-            elif adjust == "difference":
-                x = x + float(np.sum(later))
-            prices[p].append(x)
+    scale = [float(np.prod(factors[k:])) if adjust == "ratio" else 1.0 for k in range(len(ordered))]
+    shift = [
+        float(np.sum(factors[k:])) if adjust == "difference" else 0.0 for k in range(len(ordered))
+    ]
+    prices = {
+        p: np.concatenate(
+            [
+                c.prices[p][h] * a + b
+                for c, h, a, b in zip(ordered, pieces, scale, shift, strict=True)
+            ]
+        )
+        for p in PRICES
+    }
+    rows = None
+    if all(c.rows is not None for c in ordered):
+        rows = np.concatenate([c.rows[h] for c, h in zip(ordered, pieces, strict=True)])
     return Continuous(
         root=ordered[0].root,
         time_ns=np.concatenate([c.time_ns[h] for c, h in zip(ordered, pieces, strict=True)]),
-        prices={p: np.concatenate(v) for p, v in prices.items()},
+        prices=prices,
         volume=np.concatenate([c.volume[h] for c, h in zip(ordered, pieces, strict=True)]),
         contract=np.concatenate([np.full(h.sum(), k) for k, h in enumerate(pieces)]),
         ids=[c.id for c in ordered],
         rolls=out_rolls,
+        rows=rows,
+        scale=np.concatenate([np.full(h.sum(), a) for h, a in zip(pieces, scale, strict=True)]),
+        shift=np.concatenate([np.full(h.sum(), b) for h, b in zip(pieces, shift, strict=True)]),
+    )
+
+
+def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
+    """data.futures: the rows of a table (the common types of `foxhunt.data.read`) whose group
+    column holds contract ids, as one continuous series per root: the held contract's rows,
+    their prices (data.ohlcv's open, high, low, close) back-adjusted, the group column holding
+    the root; and every root's rolls."""
+    f, group = cfg.futures, cfg.group_column
+    if cfg.features != "ohlcv" or group is None:
+        raise ConfigError(
+            "data.futures needs data.features=ohlcv (its prices are adjusted) and "
+            "data.group_column naming the contract id"
+        )
+    time_ns = table[cfg.time_column].cast(pa.int64()).to_numpy()
+    ids = np.asarray(table[group].to_pylist(), dtype=object)
+    columns = {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")}
+    values = {p: table[c].to_numpy() for p, c in columns.items()}
+    interest = f.roll.open_interest_column
+    by_root: dict[str, list[Contract]] = {}
+    for contract_id in sorted(set(ids)):
+        rows = np.flatnonzero(ids == contract_id)
+        rows = rows[np.argsort(time_ns[rows], kind="stable")]
+        root, month, year = parse_contract(contract_id, time_ns[rows[0]], f.root_pattern)
+        by_root.setdefault(root, []).append(
+            Contract(
+                id=contract_id,
+                root=root,
+                month=month,
+                year=year,
+                time_ns=time_ns[rows],
+                prices={p: values[p][rows] for p in PRICES},
+                volume=values["volume"][rows],
+                open_interest=table[interest].to_numpy()[rows] if interest else None,
+                rows=rows,
+            )
+        )
+    fixed = [parse_time("data.futures.roll.dates", d) for d in f.roll.dates] or None
+    pieces, rolls = [], []
+    for root, contracts in sorted(by_root.items()):
+        schedule = roll_schedule(
+            contracts, str(f.roll.rule), f.roll.confirm_bars, f.roll.days, fixed
+        )
+        series = stitch(contracts, schedule, str(f.roll.adjust))
+        pieces.append((root, series))
+        rolls += series.rolls
+    rows = np.concatenate([s.rows for _, s in pieces])
+    out = table.take(pa.array(rows))
+    for p in PRICES:
+        adjusted = np.concatenate([s.prices[p] for _, s in pieces])
+        out = out.set_column(out.schema.get_field_index(columns[p]), columns[p], pa.array(adjusted))
+    roots = np.concatenate([np.full(len(s.time_ns), root, dtype=object) for root, s in pieces])
+    out = out.set_column(out.schema.get_field_index(group), group, pa.array(roots, pa.string()))
+    for root, s in pieces:
+        log.info(
+            "futures: %s from %d contracts (%s), %d rolls",
+            root,
+            len(s.ids),
+            ", ".join(s.ids),
+            len(s.rolls),
+        )
+    return out, rolls
+
+
+def rolls_table(rolls: list[Roll]) -> pa.Table:
+    """The roll schedule (rolls.csv): time, from, to, adjustment factor."""
+    return pa.table(
+        {
+            "time": pa.array([r.time_ns for r in rolls], pa.timestamp("ns", tz="UTC")),
+            "from": [r.from_id for r in rolls],
+            "to": [r.to_id for r in rolls],
+            "factor": pa.array([r.factor for r in rolls], pa.float64()),
+        }
     )

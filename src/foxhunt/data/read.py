@@ -7,8 +7,9 @@ instrument at a time with the same per-instrument checks (`make_series`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pyarrow.dataset as pads
 
 from foxhunt.data.columns import OHLCV_FIELDS, ColumnPlan, check_files, column_plan, is_numeric
 from foxhunt.data.features import derive_features
+from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import ConfigError, DataError
 
@@ -49,9 +51,10 @@ class Loaded:
     target_kind: str
     series: Iterable[Series]  # a list from `load`, an iterator from `stream`
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
+    rolls: list[Roll] = field(default_factory=list)  # data.futures: every root's rolls
 
     @classmethod
-    def of(cls, plan: ColumnPlan, series: Iterable[Series]) -> Loaded:
+    def of(cls, plan: ColumnPlan, series: Iterable[Series], rolls: list[Roll] = ()) -> Loaded:
         """The plan's column roles with `series`."""
         return cls(
             plan.observed,
@@ -61,6 +64,7 @@ class Loaded:
             plan.target_kind,
             series,
             plan.skipped,
+            list(rolls),
         )
 
 
@@ -294,6 +298,9 @@ def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")
 
+    rolls = []
+    if futures_enabled(cfg):  # one continuous series per root (foxhunt.data.futures)
+        table, rolls = continuous_table(table, cfg)
     time_ns = time_ns_of(table, cfg)
     codes, names = group_codes(table, cfg.group_column)
     values = {c: as_float(table, c) for c in plan.values}
@@ -305,7 +312,12 @@ def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
         series.append(
             make_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
         )
-    return Loaded.of(plan, series)
+    return Loaded.of(plan, series, rolls)
+
+
+def futures_enabled(cfg: Any) -> bool:
+    futures = getattr(cfg, "futures", None)
+    return bool(futures is not None and futures.enabled)
 
 
 def timeline(cfg: Any) -> np.ndarray:
@@ -328,6 +340,15 @@ def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
         names = read_file(dataset, fragment, [column]).column(0)
         seen.update(pc.unique(as_text(names, column)).to_pylist())
     return sorted(seen)
+
+
+def instrument_names(dataset: pads.Dataset, cfg: Any) -> list[str]:
+    """The instrument vocabulary: the group column's names, or with data.futures their roots."""
+    names = group_names(dataset, cfg.group_column)
+    if not futures_enabled(cfg):
+        return names
+    pattern = cfg.futures.root_pattern
+    return sorted({re.match(pattern, n)["root"] if re.match(pattern, n) else n for n in names})
 
 
 def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:

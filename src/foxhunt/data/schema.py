@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from foxhunt.data.columns import column_plan
-from foxhunt.data.read import group_names
+from foxhunt.data.read import instrument_names
 from foxhunt.data.source import ensure_sample, open_dataset
 from foxhunt.errors import CheckpointError
 
@@ -101,7 +101,7 @@ def describe(cfg: Any) -> DataSchema:
         observed=plan.observed,
         known=plan.known,
         static=plan.static,
-        groups=group_names(dataset, cfg.group_column),
+        groups=instrument_names(dataset, cfg),
         target=plan.target,
         target_kind=plan.target_kind,
         encoder_length=cfg.encoder_length,
