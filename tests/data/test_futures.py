@@ -8,14 +8,17 @@ import logging
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+import foxhunt
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
     Contract,
+    continuous_table,
     parse_contract,
     roll_schedule,
     stitch,
@@ -242,3 +245,43 @@ def test_a_run_writes_its_roll_schedule(tmp_path):
     assert rolls.column_names == ["time", "from", "to", "factor"]
     assert rolls["from"].to_pylist() == ["ESH6", "ESM6"]
     assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])
+
+
+def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
+    contract_file(tmp_path / "all.parquet")
+    table = pq.read_table(tmp_path / "all.parquet")
+    two = table.filter(pc.is_in(table["symbol"], pa.array(["ESH6", "ESM6"])))
+    pq.write_table(two, tmp_path / "two.parquet")
+    nxt = table.filter(pc.is_in(table["symbol"], pa.array(["ESM6", "ESU6"])))
+    overrides = [
+        "data=parquet",
+        f"data.path={tmp_path / 'two.parquet'}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        "data.lazy=false",
+        "data.futures.enabled=true",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "report=false",
+    ]
+    ckpt = train(compose_train(*overrides), tmp_path / "run")["best_checkpoint"]
+    # ESU6 is unknown to the checkpoint as a contract, known as a contract of ES
+    futures = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": True}})
+    got = futures.predict(nxt, all_windows=True)
+    assert set(got["instrument"].to_pylist()) == {"ES"}
+    # the same bars as one continuous series, stitched beforehand: the same forecasts
+    cfg = futures_cfg(tmp_path / "all.parquet")
+    cfg.futures.roll.confirm_bars = 3  # the default the run and the predictor use
+    stitched, _ = continuous_table(
+        nxt.cast(nxt.schema.set(0, pa.field("timestamp", pa.timestamp("ns")))), cfg
+    )
+    plain = foxhunt.load(ckpt, {"group_column": "symbol"})
+    want = plain.predict(stitched, all_windows=True)
+    assert got.num_rows == want.num_rows > 0
+    for column in ("origin_time", "horizon", "q0.1", "q0.5", "q0.9"):
+        np.testing.assert_allclose(
+            got[column].to_numpy().astype(float), want[column].to_numpy().astype(float), rtol=1e-6
+        )
