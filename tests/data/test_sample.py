@@ -77,7 +77,7 @@ def test_symbols_contiguous_and_strictly_increasing(sample):
     changes = np.flatnonzero(sym[1:] != sym[:-1]) + 1
     blocks = [sym[0]] + [sym[i] for i in changes]
     assert blocks == sorted(set(blocks))
-    assert set(blocks) >= {"ESH6", "ESM6"}
+    assert set(blocks) == {"ESH6", "ESM6", "ESU6"}  # two rolls for data.futures to find
     for s in blocks:
         ts = cols["timestamp"][sym == s]
         assert np.all(np.diff(ts) > 0), s
@@ -218,3 +218,18 @@ def test_a_mistyped_path_is_not_found_not_generated(tmp_path, monkeypatch, data_
 
 def test_the_default_config_points_at_the_sample():
     assert compose_train().data.path == SAMPLE_PATH
+
+
+def test_the_default_config_reads_the_sample_as_one_continuous_es(sample):
+    # data.futures is on for the sample: one instrument, rolled where the volume crosses over
+    cfg = compose_train(f"data.path={sample[0]}", "data.encoder_length=32").data
+    dm = ParquetDataModule(cfg)
+    dm.setup()
+    assert dm.schema.groups == ["ES"]
+    rolls = [
+        (r.from_id, r.to_id, str(np.datetime64(r.time_ns, "ns").astype("datetime64[D]")))
+        for r in dm.rolls
+    ]
+    # the Globex session of 2026-03-12 opens on the 11th, 22:00 UTC: the crossover's session
+    assert rolls == [("ESH6", "ESM6", "2026-03-11"), ("ESM6", "ESU6", "2026-06-10")]
+    assert all(1.004 < r.factor < 1.01 for r in dm.rolls)  # the calendar spread, ~0.75%

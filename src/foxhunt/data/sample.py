@@ -29,8 +29,9 @@
 * **Prices** are on the 0.25 index-point tick grid and start near 5000.
 
 Rows are sorted by ``(symbol, timestamp)``; each symbol's rows form one contiguous, strictly
-increasing series. With the defaults (60 business days of 5-minute bars starting 2026-02-02)
-there are two contracts (``ESH6``, ``ESM6``; roll on 2026-03-12), about 18.5k rows in all.
+increasing series. With the defaults (80 business days of 5-minute bars starting 2026-03-02)
+there are three contracts (``ESH6``, ``ESM6``, ``ESU6``; volume crosses over on 2026-03-12 and
+2026-06-11), about 26k rows in all.
 The same arguments always give the same table.
 """
 
@@ -67,7 +68,7 @@ SCHEMA = pa.schema(
 )
 """Column names and types of the sample file, in order."""
 
-_DEFAULT_START = "2026-02-02"  # a Monday; 60 business days cover the March 2026 roll
+_DEFAULT_START = "2026-03-02"  # a Monday; 80 business days cover the March and June 2026 rolls
 _SESSION_MINUTES = 23 * 60
 _SESSION_OPEN_OFFSET_MIN = -120  # session opens at 22:00 UTC on the previous calendar day
 _MONTH_CODES = {3: "H", 6: "M", 9: "U", 12: "Z"}
@@ -211,7 +212,7 @@ def _outgoing_share(rel_day: np.ndarray) -> np.ndarray:
 
 
 def es_sample_table(
-    *, days: int = 60, bar_minutes: int = 5, seed: int = 0, start: str = _DEFAULT_START
+    *, days: int = 80, bar_minutes: int = 5, seed: int = 0, start: str = _DEFAULT_START
 ) -> pa.Table:
     """Build the synthetic ES bar table in memory (see the module docstring)."""
     if int(days) < 1:
@@ -353,7 +354,7 @@ def _to_tick(price: np.ndarray) -> np.ndarray:
 def make_es_sample(
     path: str | pathlib.Path,
     *,
-    days: int = 60,
+    days: int = 80,
     bar_minutes: int = 5,
     seed: int = 0,
     start: str = _DEFAULT_START,
