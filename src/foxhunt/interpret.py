@@ -162,7 +162,8 @@ def interpret(
         _plot_attention(out / PLOTS["attention_by_lag"], result)
         drawn = ["variable_importance", "attention_by_lag"]
         if fan:
-            _plot_fan(out / PLOTS["forecast_fan"], fan, schema, quantiles)
+            marks = _roll_marks(fan, dataset, schema, getattr(datamodule, "rolls", []))
+            _plot_fan(out / PLOTS["forecast_fan"], fan, schema, quantiles, marks)
             drawn.append("forecast_fan")
         result["plots"] = {k: PLOTS[k] for k in drawn}
     write_json(out / "interpretation.json", result)
@@ -313,11 +314,32 @@ def _plot_attention(path: Path, result: dict[str, Any]) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _roll_marks(
+    fan: list[dict[str, Any]], dataset: Any, schema: DataSchema, rolls: list[Any]
+) -> dict[int, list[int]]:
+    """data.futures: for each fan window, the bars (from the forecast start) where the
+    continuous series rolls to its next contract."""
+    if not rolls:
+        return {}
+    at = np.array([r.time_ns for r in rolls])
+    span = np.arange(schema.encoder_length + schema.prediction_length)
+    marks = {}
+    for w in fan:
+        times = dataset.time_ns[int(dataset.starts[w["window"]]) + span].numpy()
+        rows = np.flatnonzero(np.isin(times, at))
+        marks[w["window"]] = (rows - schema.encoder_length + 1).tolist()
+    return marks
+
+
 def _plot_fan(
-    path: Path, fan: list[dict[str, Any]], schema: DataSchema, quantiles: list[float]
+    path: Path,
+    fan: list[dict[str, Any]],
+    schema: DataSchema,
+    quantiles: list[float],
+    rolls: dict[int, list[int]] | None = None,
 ) -> None:
     """Per instrument (rows) a few test windows: recent history, realised future, the median
-    forecast and its quantile bands."""
+    forecast and its quantile bands; with data.futures, the rolls to the next contract."""
     names = list(dict.fromkeys(w["instrument"] for w in fan))
     cols = max(sum(w["instrument"] == n for w in fan) for n in names)
     fig = new_figure(figsize=(4.4 * cols, 3.0 * len(names) + 0.6))
@@ -354,6 +376,9 @@ def _plot_fan(
         realised = np.concatenate([past[-1:], np.asarray(w["actual"]) * factor])
         ax.plot(np.arange(0, h + 1), realised, "k.-", lw=1, ms=5, label="realised")
         ax.axvline(0.5, color="0.6", ls="--", lw=0.8)
+        for x in (rolls or {}).get(w["window"], []):
+            if x > -history:
+                ax.axvline(x - 0.5, color="tab:purple", lw=1.2, label="roll")
         ax.set_title(f"{w['instrument']}: test window {w['window']:,}", fontsize=10)
         ax.set_xlabel("bars from the forecast start")
         ax.set_ylabel(f"{schema.target}{unit}")

@@ -61,6 +61,7 @@ def write_report(
         [f"# Run report: {run_dir.parent.name}/{run_dir.name}", "", f"Run directory: `{run_dir}`"],
         _config_section(run_dir, cfg, summary),
         _data_section(datamodule),
+        _rolls_section(datamodule),
         _memory_section(summary),
         _curves_section(epochs, drew),
         _metrics_section(summary, interpretation),
@@ -211,6 +212,23 @@ def _when(t: Any) -> str:
     if isinstance(t, np.datetime64):
         return np.datetime_as_string(t, unit="m").replace("T", " ")
     return str(t)
+
+
+def _rolls_section(datamodule: ParquetDataModule) -> list[str]:
+    """data.futures: when each root's continuous series moved to its next contract."""
+    rolls = getattr(datamodule, "rolls", [])
+    if not rolls:
+        return []
+    rows = [[_when(np.datetime64(r.time_ns, "ns")), r.from_id, r.to_id, r.factor] for r in rolls]
+    return [
+        "## Futures rolls",
+        "",
+        f"{len(rolls)} rolls (`rolls.csv`; `data.futures.roll`): from each roll on the next "
+        "contract is held; earlier prices are adjusted by the factor (ratio: the next contract's "
+        "close over the front's at the last common bar; difference: their difference).",
+        "",
+        *_table(["first bar held", "from", "to", "factor"], rows),
+    ]
 
 
 def _memory_section(summary: dict[str, Any]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -12,12 +13,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import foxhunt
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
     Contract,
+    Roll,
     continuous_table,
     parse_contract,
     roll_schedule,
@@ -25,6 +28,8 @@ from foxhunt.data.futures import (
     third_friday,
 )
 from foxhunt.errors import ConfigError, DataError
+from foxhunt.interpret import _roll_marks
+from foxhunt.report import _rolls_section
 from foxhunt.train import train
 from tests.helpers import compose_train
 
@@ -285,3 +290,15 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
         np.testing.assert_allclose(
             got[column].to_numpy().astype(float), want[column].to_numpy().astype(float), rtol=1e-6
         )
+
+
+def test_the_report_lists_the_rolls_and_the_fan_chart_marks_them():
+    rolls = [Roll(T0 + 10 * DAY, "ESH6", "ESM6", 1.0075)]
+    text = "\n".join(_rolls_section(SimpleNamespace(rolls=rolls)))
+    assert "| 2026-01-12 00:00 | ESH6 | ESM6 | 1.008 |" in text
+    # a window of 6 encoder and 2 forecast bars starting at row 5: the roll bar is row 10,
+    # the sixth encoder bar, so 1 bar before the forecast start (x = 0 is the last observed)
+    dataset = SimpleNamespace(time_ns=torch.arange(20) * DAY + T0, starts=torch.tensor([0, 5]))
+    schema = SimpleNamespace(encoder_length=6, prediction_length=2)
+    assert _roll_marks([{"window": 1}], dataset, schema, rolls) == {1: [0]}
+    assert _roll_marks([{"window": 0}], dataset, schema, rolls) == {0: []}
