@@ -221,6 +221,10 @@ def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
     dm = ParquetDataModule(futures_cfg(tmp_path / "es.parquet"))
     dm.setup()
     assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known
+    # daily bars at midnight: the time-of-day features are constant, so the model has none;
+    # nor the one-bar range and close location of bars whose open, high, low and close agree
+    assert dm.schema.known == ["dow_sin", "dow_cos"]
+    assert set(dm.schema.dropped) == {"tod_sin", "tod_cos", "to_cash_close", "range_1", "clv_1"}
     assert [(r.from_id, r.to_id) for r in dm.rolls] == [("ESH6", "ESM6"), ("ESM6", "ESU6")]
     # the target (1-bar log return of the adjusted close) is the path's: no jump at a roll
     ds = dm.datasets["train"]

@@ -7,6 +7,7 @@ instrument at a time with the same per-instrument checks (`make_series`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -356,3 +357,16 @@ def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:
     if not columns:
         return np.zeros((rows, 0))
     return np.stack(columns, axis=1).astype(np.float64, copy=False)
+
+
+def drop_features(loaded: Loaded, series: list[Series], drop: Iterable[str]) -> list[Series]:
+    """`series` without the observed and known features `drop` (`loaded`'s names updated)."""
+    drop = set(drop)
+    keep_obs = [i for i, c in enumerate(loaded.observed) if c not in drop]
+    keep_known = [i for i, c in enumerate(loaded.known) if c not in drop]
+    loaded.observed = [loaded.observed[i] for i in keep_obs]
+    loaded.known = [loaded.known[i] for i in keep_known]
+    return [
+        dataclasses.replace(s, observed=s.observed[:, keep_obs], known=s.known[:, keep_known])
+        for s in series
+    ]
