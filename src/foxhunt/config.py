@@ -82,6 +82,8 @@ class RollConfig:
     days: int = 5  # days_before_expiry: calendar days before the front's expiry
     dates: list[str] = field(default_factory=list)  # fixed: one ISO time per roll
     open_interest_column: str | None = None
+    # each contract's expiry (a date or timestamp column); null: the third Friday of its month
+    expiry_column: str | None = None
     adjust: RollAdjust = RollAdjust.ratio
 
 

@@ -38,7 +38,7 @@ from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import WindowDataset, window_tensors
 from foxhunt.data.features import KNOWN_CALENDAR
 from foxhunt.data.future import Future, known_at, split_future
-from foxhunt.data.read import Series, drop_features, load_table
+from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import open_dataset
 from foxhunt.data.splits import normalized_statics
@@ -153,10 +153,7 @@ def _data_config(
 
 def _schema_data_config(schema: DataSchema) -> DictConfig:
     """A data config for the checkpoint's columns, when its training config is not found."""
-    derived = schema.target == OHLCV_TARGET and set(KNOWN_CALENDAR) <= {
-        *schema.known,
-        *schema.dropped,
-    }
+    derived = schema.target == OHLCV_TARGET and set(KNOWN_CALENDAR) <= set(schema.known)
     if derived:
         d = {"features": "ohlcv", "target": None}
         d["known_features"] = [k for k in schema.known if k not in KNOWN_CALENDAR]
@@ -195,9 +192,7 @@ def build_windows(
         )
     observed_rows, future = split_future(table, cfg)
     loaded = load_table(observed_rows, cfg)
-    all_known = list(loaded.known)
-    # without the features the model was trained without (constant over its training split)
-    series: list[Series] = drop_features(loaded, list(loaded.series), schema.dropped)
+    series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
     found = DataSchema(
         observed=loaded.observed,
@@ -221,9 +216,7 @@ def build_windows(
     rows, groups, starts, lacking = [], [], [], []
     offset = 0
     for s, group in zip(series, group_of_series, strict=True):
-        times, given, future_known = _future_steps(
-            s, future.get(s.name), cfg, h, all_known, schema.dropped
-        )
+        times, given, future_known = _future_steps(s, future.get(s.name), cfg, h)
         if len(times) < h and not all_windows:
             lacking.append(f"{s.name} has {len(times)}")
         n, f = len(s.target), len(times)
@@ -292,16 +285,10 @@ def _check_history(
 
 
 def _future_steps(
-    s: Series,
-    given: Future | None,
-    cfg: DictConfig,
-    h: int,
-    all_known: list[str],
-    dropped: dict[str, str],
+    s: Series, given: Future | None, cfg: DictConfig, h: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The times of the (up to `h`) steps after the data, whether each was in the data (not
-    continued at the bar interval), and their known inputs [steps, known]: `all_known` as the
-    data gives them, less those the model was trained without (`dropped`)."""
+    continued at the bar interval), and their known inputs [steps, known]."""
     times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
     user = {k: given.known[k][:h] if given else np.zeros(0) for k in cfg.known_features}
     after = np.diff(np.concatenate([s.time_ns[-1:], times]))
@@ -322,8 +309,7 @@ def _future_steps(
         last = times[-1] if len(times) else s.time_ns[-1]
         times = np.concatenate([times, last + step * np.arange(1, h - len(times) + 1)])
         from_data = np.concatenate([from_data, np.zeros(len(times) - len(from_data), bool)])
-    known = known_at(cfg, times, user)
-    return times, from_data, known[:, [i for i, k in enumerate(all_known) if k not in dropped]]
+    return times, from_data, known_at(cfg, times, user)
 
 
 def _bar_interval(s: Series) -> int:

@@ -134,8 +134,6 @@ def _data_section(datamodule: ParquetDataModule) -> list[str]:
     if schema.skipped:
         skipped = ", ".join(f"`{c}` ({why})" for c, why in schema.skipped.items())
         lines.append(f"- Not numeric, so left out by `data.features=all`: {skipped}")
-    if schema.dropped:
-        lines.append(f"- Constant over the training split, so dropped: {', '.join(schema.dropped)}")
     lines.append("")
     ranges = split_ranges(datamodule)
     table = [

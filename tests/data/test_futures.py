@@ -221,10 +221,6 @@ def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
     dm = ParquetDataModule(futures_cfg(tmp_path / "es.parquet"))
     dm.setup()
     assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known
-    # daily bars at midnight: the time-of-day features are constant, so the model has none;
-    # nor the one-bar range and close location of bars whose open, high, low and close agree
-    assert dm.schema.known == ["dow_sin", "dow_cos"]
-    assert set(dm.schema.dropped) == {"tod_sin", "tod_cos", "to_cash_close", "range_1", "clv_1"}
     assert [(r.from_id, r.to_id) for r in dm.rolls] == [("ESH6", "ESM6"), ("ESM6", "ESU6")]
     # the target (1-bar log return of the adjusted close) is the path's: no jump at a roll
     ds = dm.datasets["train"]
@@ -306,3 +302,30 @@ def test_the_report_lists_the_rolls_and_the_fan_chart_marks_them():
     schema = SimpleNamespace(encoder_length=6, prediction_length=2)
     assert _roll_marks([{"window": 1}], dataset, schema, rolls) == {1: [0]}
     assert _roll_marks([{"window": 0}], dataset, schema, rolls) == {0: []}
+
+
+def test_an_expiry_column_sets_the_expiry_roll_and_may_not_be_empty(tmp_path):
+    contract_file(tmp_path / "es.parquet")
+    table = pq.read_table(tmp_path / "es.parquet")
+    symbol = table["symbol"].to_numpy(zero_copy_only=False)
+    ends = {
+        c: table["timestamp"].cast(pa.int64()).to_numpy()[symbol == c].max() for c in set(symbol)
+    }
+    expiry = np.array([ends[c] for c in symbol]).astype("datetime64[ns]").astype("datetime64[D]")
+    with_expiry = table.append_column("expiry", pa.array(expiry, pa.date32()))
+    pq.write_table(with_expiry, tmp_path / "expiry.parquet")
+    cfg = futures_cfg(tmp_path / "expiry.parquet")
+    cfg.futures.roll.rule = "days_before_expiry"
+    cfg.futures.roll.days = 7
+    cfg.futures.roll.expiry_column = "expiry"
+    dm = ParquetDataModule(cfg)
+    dm.setup()
+    assert [r.time_ns for r in dm.rolls] == [ends["ESH6"] - 7 * DAY, ends["ESM6"] - 7 * DAY]
+    # an empty expiry: one line naming the contract
+    holes = pa.array(np.where(symbol == "ESM6", None, expiry), pa.date32())
+    pq.write_table(table.append_column("expiry", holes), tmp_path / "holes.parquet")
+    cfg.path = str(tmp_path / "holes.parquet")
+    with pytest.raises(
+        DataError, match="expiry column 'expiry' is empty in 120 rows of contract ESM6"
+    ):
+        ParquetDataModule(cfg).setup()

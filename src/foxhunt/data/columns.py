@@ -70,6 +70,12 @@ def resolve_columns(
     futures = getattr(cfg, "futures", None)
     if futures is not None and futures.enabled and futures.roll.open_interest_column:
         wanted.append(futures.roll.open_interest_column)  # read, not a feature
+    expiry = futures.roll.expiry_column if futures is not None and futures.enabled else None
+    if expiry and expiry not in names:
+        raise DataError(
+            f"data.futures.roll.expiry_column names '{expiry}', which is not in {cfg.path}; "
+            f"the file has: {', '.join(schema.names)}"
+        )
     missing = [c for c in dict.fromkeys(wanted) if c not in names]
     if missing:
         raise DataError(

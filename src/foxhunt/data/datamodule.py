@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from foxhunt.data.read import Loaded, Series, drop_features, futures_enabled, load, timeline
+from foxhunt.data.read import Loaded, futures_enabled, load, timeline
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
@@ -212,11 +212,6 @@ class ParquetDataModule(L.LightningDataModule):
         series = list(loaded.series)
         E, H = cfg.encoder_length, cfg.prediction_length
         splits = [split_starts(s.time_ns, cuts, E, H) for s in series]
-        if self.fixed_schema is not None:  # what the checkpoint's model was trained without
-            dropped = dict(self.fixed_schema.dropped)
-        else:
-            dropped = constant_features(loaded, series, splits)
-        series = drop_features(loaded, series, dropped)
         self.splits = split_record(cuts, series, splits, E, H)
         offsets = np.cumsum([0] + [len(s.target) for s in series])[:-1]
         inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
@@ -238,7 +233,6 @@ class ParquetDataModule(L.LightningDataModule):
             encoder_length=cfg.encoder_length,
             prediction_length=cfg.prediction_length,
             skipped=loaded.skipped,
-            dropped=dropped,
         )
         if self.fixed_schema is not None:
             self.fixed_schema.check_matches(schema)
@@ -406,26 +400,3 @@ class ParquetDataModule(L.LightningDataModule):
 
 def _fraction(cfg: Any, split: str) -> float:
     return cfg.val_fraction if split == "val" else cfg.test_fraction
-
-
-def constant_features(loaded: Loaded, series: list[Series], splits: list[tuple]) -> dict[str, str]:
-    """The observed and known features constant over the training rows of every instrument
-    (a daily bar's time of day, say): the model gets nothing from them, and a variable
-    selection network still weighs them. Said once in the log."""
-    names = [*loaded.observed, *loaded.known]
-    if not names:
-        return {}
-    rows = [
-        np.column_stack([s.observed, s.known])[sp[3]] for s, sp in zip(series, splits, strict=True)
-    ]
-    block = np.concatenate(rows) if rows else np.zeros((0, len(names)))
-    if len(block) == 0:
-        return {}
-    constant = [n for n, c in zip(names, (block == block[0]).all(axis=0), strict=True) if c]
-    if constant:
-        log.info(
-            "data: dropped %d feature(s) constant over the training split: %s",
-            len(constant),
-            ", ".join(constant),
-        )
-    return dict.fromkeys(constant, "constant over the training split")

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from foxhunt.config import parse_time
 from foxhunt.errors import ConfigError, DataError
@@ -275,6 +276,7 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
     columns = {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")}
     values = {p: table[c].to_numpy() for p, c in columns.items()}
     interest = f.roll.open_interest_column
+    expiries = _expiries(table, getattr(f.roll, "expiry_column", None))
     by_root: dict[str, list[Contract]] = {}
     for contract_id in sorted(set(ids)):
         rows = np.flatnonzero(ids == contract_id)
@@ -290,6 +292,7 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
                 prices={p: values[p][rows] for p in PRICES},
                 volume=values["volume"][rows],
                 open_interest=table[interest].to_numpy()[rows] if interest else None,
+                expiry_ns=_expiry_of(contract_id, expiries, rows, f.roll.expiry_column),
                 rows=rows,
             )
         )
@@ -318,6 +321,36 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
             len(s.rolls),
         )
     return out, rolls
+
+
+def _expiries(table: pa.Table, column: str | None) -> np.ndarray | None:
+    """An expiry column as int64 ns (NaT-free: nulls are -1), or None without one."""
+    if not column:
+        return None
+    col = table[column]
+    if pa.types.is_date(col.type):
+        col = pc.cast(col, pa.timestamp("ms"))
+    if not pa.types.is_timestamp(col.type):
+        raise DataError(
+            f"data.futures.roll.expiry_column '{column}' is {col.type}, expected a date or "
+            "timestamp"
+        )
+    return pc.fill_null(pc.cast(pc.cast(col, pa.timestamp("ns")), pa.int64()), -1).to_numpy()
+
+
+def _expiry_of(
+    contract_id: str, expiries: np.ndarray | None, rows: np.ndarray, column: str | None
+) -> int | None:
+    """A contract's expiry from the expiry column (its rows must all give it)."""
+    if expiries is None:
+        return None
+    found = expiries[rows]
+    if (found == -1).any():
+        raise DataError(
+            f"expiry column '{column}' is empty in {int((found == -1).sum())} rows of contract "
+            f"{contract_id}: every row needs its contract's expiry"
+        )
+    return int(found.max())
 
 
 def rolls_table(rolls: list[Roll]) -> pa.Table:

@@ -7,7 +7,6 @@ instrument at a time with the same per-instrument checks (`make_series`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -259,6 +258,7 @@ def load(cfg: Any) -> Loaded:
     plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
     projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
+    projection += [expiry_column(cfg)] if expiry_column(cfg) else []
     # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
     # the dataset would cast every file to the first one's types (a float to its int8, say)
     tables = [
@@ -286,6 +286,8 @@ def _common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     if cfg.group_column:
         columns[cfg.group_column] = as_text(table.column(cfg.group_column), cfg.group_column)
     columns |= {c: pa.array(as_float(table, c)) for c in plan.values}
+    if expiry_column(cfg):  # a date or time, read by data.futures as it is
+        columns[expiry_column(cfg)] = table.column(expiry_column(cfg))
     return pa.table(columns)
 
 
@@ -319,6 +321,10 @@ def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
 def futures_enabled(cfg: Any) -> bool:
     futures = getattr(cfg, "futures", None)
     return bool(futures is not None and futures.enabled)
+
+
+def expiry_column(cfg: Any) -> str | None:
+    return getattr(cfg.futures.roll, "expiry_column", None) if futures_enabled(cfg) else None
 
 
 def timeline(cfg: Any) -> np.ndarray:
@@ -357,16 +363,3 @@ def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:
     if not columns:
         return np.zeros((rows, 0))
     return np.stack(columns, axis=1).astype(np.float64, copy=False)
-
-
-def drop_features(loaded: Loaded, series: list[Series], drop: Iterable[str]) -> list[Series]:
-    """`series` without the observed and known features `drop` (`loaded`'s names updated)."""
-    drop = set(drop)
-    keep_obs = [i for i, c in enumerate(loaded.observed) if c not in drop]
-    keep_known = [i for i, c in enumerate(loaded.known) if c not in drop]
-    loaded.observed = [loaded.observed[i] for i in keep_obs]
-    loaded.known = [loaded.known[i] for i in keep_known]
-    return [
-        dataclasses.replace(s, observed=s.observed[:, keep_obs], known=s.known[:, keep_known])
-        for s in series
-    ]

@@ -34,9 +34,6 @@ class DataSchema:
     static_std: list[float] = field(default_factory=list)
     # the columns data.features=all left out, with their type (the run report lists them)
     skipped: dict[str, str] = field(default_factory=dict)
-    # features the data gives but the model does not see, with why (constant over the training
-    # split: a daily bar's time of day); the same are dropped from data given to the model later
-    dropped: dict[str, str] = field(default_factory=dict)
 
     @property
     def encoder_columns(self) -> list[str]:
