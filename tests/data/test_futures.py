@@ -216,6 +216,24 @@ def futures_cfg(path) -> DataConfig:
     return cfg
 
 
+def futures_run(path) -> list[str]:
+    """Overrides for a one-epoch CPU run on a contract file with data.futures on."""
+    return [
+        "data=parquet",
+        f"data.path={path}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        "data.lazy=false",
+        "data.futures.enabled=true",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "report=false",
+    ]
+
+
 def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
     cs, path = contract_file(tmp_path / "es.parquet")
     dm = ParquetDataModule(futures_cfg(tmp_path / "es.parquet"))
@@ -231,21 +249,7 @@ def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
 
 def test_a_run_writes_its_roll_schedule(tmp_path):
     contract_file(tmp_path / "es.parquet")
-    overrides = [
-        "data=parquet",
-        f"data.path={tmp_path / 'es.parquet'}",
-        "data.group_column=symbol",
-        "data.features=ohlcv",
-        "data.encoder_length=16",
-        "data.prediction_length=4",
-        "data.lazy=false",
-        "data.futures.enabled=true",
-        "trainer.max_epochs=1",
-        "trainer.enable_progress_bar=false",
-        "trainer.accelerator=cpu",
-        "report=false",
-    ]
-    train(compose_train(*overrides), tmp_path / "run")
+    train(compose_train(*futures_run(tmp_path / "es.parquet")), tmp_path / "run")
     rolls = pacsv.read_csv(tmp_path / "run" / "rolls.csv")
     assert rolls.column_names == ["time", "from", "to", "factor"]
     assert rolls["from"].to_pylist() == ["ESH6", "ESM6"]
@@ -258,21 +262,8 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     two = table.filter(pc.is_in(table["symbol"], pa.array(["ESH6", "ESM6"])))
     pq.write_table(two, tmp_path / "two.parquet")
     nxt = table.filter(pc.is_in(table["symbol"], pa.array(["ESM6", "ESU6"])))
-    overrides = [
-        "data=parquet",
-        f"data.path={tmp_path / 'two.parquet'}",
-        "data.group_column=symbol",
-        "data.features=ohlcv",
-        "data.encoder_length=16",
-        "data.prediction_length=4",
-        "data.lazy=false",
-        "data.futures.enabled=true",
-        "trainer.max_epochs=1",
-        "trainer.enable_progress_bar=false",
-        "trainer.accelerator=cpu",
-        "report=false",
-    ]
-    ckpt = train(compose_train(*overrides), tmp_path / "run")["best_checkpoint"]
+    run = compose_train(*futures_run(tmp_path / "two.parquet"))
+    ckpt = train(run, tmp_path / "run")["best_checkpoint"]
     # ESU6 is unknown to the checkpoint as a contract, known as a contract of ES
     futures = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": True}})
     got = futures.predict(nxt, all_windows=True)

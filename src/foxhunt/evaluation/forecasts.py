@@ -21,6 +21,19 @@ def quantile_column(q: float) -> str:
     return f"q{q:g}"
 
 
+def quantile_levels(table: pa.Table) -> list[float]:
+    """The levels of a forecast table's quantile columns (`q<level>`), ascending."""
+    levels = []
+    for name in table.column_names:
+        if not name.startswith("q"):
+            continue
+        try:
+            levels.append(float(name[1:]))
+        except ValueError:  # another column that starts with q
+            continue
+    return sorted(levels)
+
+
 @torch.inference_mode()
 def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
     """[windows, H, Q] the module's quantile forecasts (normalized units) of every test window,

@@ -19,16 +19,12 @@ import pyarrow.compute as pc
 
 from foxhunt.errors import DataError
 from foxhunt.evaluation import stats
-from foxhunt.evaluation.forecasts import quantile_column
+from foxhunt.evaluation.forecasts import quantile_column, quantile_levels
 from foxhunt.evaluation.strategy import PORTFOLIO, StrategyResult, compare
 
 log = logging.getLogger(__name__)
 BASELINE_PREFIX = "baseline_"
 EQUITY_PLOT = "equity.png"
-
-
-def _quantiles(table: pa.Table) -> list[float]:
-    return sorted(float(c[1:]) for c in table.column_names if c.startswith("q") and c != "q")
 
 
 def _column(table: pa.Table, name: str, h: int) -> np.ndarray:
@@ -43,7 +39,7 @@ def evaluate(
     quantile, the PIT histogram) for its `evaluation`, the strategy results by name, or
     {skipped: why} for a level target that is no price)."""
     h = int(pc.max(table["horizon"]).as_py())
-    quantiles = _quantiles(table)
+    quantiles = quantile_levels(table)
     q = np.asarray(quantiles)
     pred = np.stack([_column(table, quantile_column(x), h) for x in quantiles], axis=-1)
     actual, naive = _column(table, "actual", h), _column(table, "naive", h)

@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt.errors import ConfigError, DataError
+from foxhunt.evaluation.forecasts import quantile_column, quantile_levels
 from foxhunt.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -123,17 +124,10 @@ def horizon_one(table: pa.Table, target_kind: str) -> Bars:
     if target_kind not in ("return", "level"):
         raise ValueError(f"target_kind must be 'return' or 'level', not {target_kind!r}")
     table = table.filter(pc.equal(table["horizon"], 1))
-    columns = {}  # quantile -> column, from the names forecasts.quantile_column gives
-    for name in table.column_names:
-        if name.startswith("q"):
-            try:
-                columns[float(name[1:])] = name
-            except ValueError:
-                continue
-    if not columns:
+    quantiles = np.array(quantile_levels(table))
+    if not len(quantiles):
         raise DataError("the forecast table has no quantile columns (q0.5, ...)")
-    quantiles = np.array(sorted(columns))
-    forecast = np.column_stack([table[columns[q]].to_numpy() for q in quantiles])
+    forecast = np.column_stack([table[quantile_column(q)].to_numpy() for q in quantiles])
     actual = table["actual"].to_numpy().astype(np.float64)
     naive = table["naive"].to_numpy().astype(np.float64)
     forecast, actual = forecast - naive[:, None], actual - naive
