@@ -32,6 +32,7 @@ from foxhunt.interpret import _roll_marks
 from foxhunt.report import _rolls_section
 from foxhunt.train import train
 from tests.helpers import compose_train
+from tests.test_predict import _run_cli
 
 DAY = 86_400 * 10**9
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
@@ -256,7 +257,7 @@ def test_a_run_writes_its_roll_schedule(tmp_path):
     assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])
 
 
-def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
+def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypatch, capsys):
     contract_file(tmp_path / "all.parquet")
     table = pq.read_table(tmp_path / "all.parquet")
     two = table.filter(pc.is_in(table["symbol"], pa.array(["ESH6", "ESM6"])))
@@ -268,6 +269,22 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     futures = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": True}})
     got = futures.predict(nxt, all_windows=True)
     assert set(got["instrument"].to_pylist()) == {"ES"}
+    # predict.py alike: data=es_fut_small has data.futures on and names contracts by symbol
+    # (this run has no .hydra/config.yaml to take the data config from)
+    pq.write_table(nxt, tmp_path / "next.parquet")
+    code, _, stderr = _run_cli(
+        f"ckpt_path='{ckpt}'",
+        "data=es_fut_small",
+        f"data.path={tmp_path / 'next.parquet'}",
+        "data.generate_if_missing=false",
+        "predict.all_windows=true",
+        f"predict.out={tmp_path / 'cli.parquet'}",
+        f"hydra.run.dir={tmp_path / 'predict'}",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code == 0, stderr
+    assert pq.read_table(tmp_path / "cli.parquet").equals(got)
     # the same bars as one continuous series, stitched beforehand: the same forecasts
     cfg = futures_cfg(tmp_path / "all.parquet")
     cfg.futures.roll.confirm_bars = 3  # the default the run and the predictor use
