@@ -92,7 +92,9 @@ class FuturesConfig:
     """Contracts of one root as one continuous, back-adjusted series (foxhunt.data.futures)."""
 
     enabled: bool = False
-    # data.group_column holds the contract id (ESH6, ...); the instrument becomes its root
+    # data.group_column holds the contract id (ESH6, ...); the instrument becomes its root:
+    # root_column's value, else the `root` group of root_pattern matched on the id
+    root_column: str | None = None
     root_pattern: str = r"^(?P<root>[A-Z0-9]+?)(?P<month>[FGHJKMNQUVXZ])(?P<year>\d{1,4})$"
     roll: RollConfig = field(default_factory=RollConfig)
 

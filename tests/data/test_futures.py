@@ -337,3 +337,34 @@ def test_an_expiry_column_sets_the_expiry_roll_and_may_not_be_empty(tmp_path):
         DataError, match="expiry column 'expiry' is empty in 120 rows of contract ESM6"
     ):
         ParquetDataModule(cfg).setup()
+
+
+def test_a_root_column_names_the_root_of_ids_without_a_month_code(tmp_path):
+    contract_file(tmp_path / "es.parquet")
+    table = pq.read_table(tmp_path / "es.parquet")
+    ids = {"ESH6": "first", "ESM6": "second", "ESU6": "third"}
+    symbol = [ids[s] for s in table["symbol"].to_pylist()]
+    table = table.set_column(1, "symbol", pa.array(symbol)).append_column(
+        "root", pa.array(["ES"] * table.num_rows)
+    )
+    pq.write_table(table, tmp_path / "named.parquet")
+    cfg = futures_cfg(tmp_path / "named.parquet")
+    cfg.futures.root_column = "root"
+    dm = ParquetDataModule(cfg)
+    dm.setup()
+    assert dm.schema.groups == ["ES"]
+    # ordered by their bars (no month code, no expiry column), rolled on the volume
+    assert [(r.from_id, r.to_id) for r in dm.rolls] == [("first", "second"), ("second", "third")]
+    cfg.futures.roll.rule = "days_before_expiry"
+    with pytest.raises(DataError, match="contract first has no expiry: its id names no month"):
+        ParquetDataModule(cfg).setup()
+    # a contract under two roots: one line naming it
+    roots = np.where(np.arange(table.num_rows) == 5, "NQ", "ES")
+    pq.write_table(
+        table.set_column(table.num_columns - 1, "root", pa.array(roots)), tmp_path / "two.parquet"
+    )
+    cfg.path, cfg.futures.roll.rule = str(tmp_path / "two.parquet"), "volume"
+    with pytest.raises(
+        DataError, match="contract first has 2 roots in data.futures.root_column 'root': ES, NQ"
+    ):
+        ParquetDataModule(cfg).setup()

@@ -70,12 +70,16 @@ def resolve_columns(
     futures = getattr(cfg, "futures", None)
     if futures is not None and futures.enabled and futures.roll.open_interest_column:
         wanted.append(futures.roll.open_interest_column)  # read, not a feature
-    expiry = futures.roll.expiry_column if futures is not None and futures.enabled else None
-    if expiry and expiry not in names:
-        raise DataError(
-            f"data.futures.roll.expiry_column names '{expiry}', which is not in {cfg.path}; "
-            f"the file has: {', '.join(schema.names)}"
-        )
+    on = futures is not None and futures.enabled
+    for key, column in (
+        ("roll.expiry_column", futures.roll.expiry_column if on else None),
+        ("root_column", getattr(futures, "root_column", None) if on else None),
+    ):
+        if column and column not in names:
+            raise DataError(
+                f"data.futures.{key} names '{column}', which is not in {cfg.path}; "
+                f"the file has: {', '.join(schema.names)}"
+            )
     missing = [c for c in dict.fromkeys(wanted) if c not in names]
     if missing:
         raise DataError(

@@ -51,8 +51,8 @@ class Contract:
 
     id: str
     root: str
-    month: int  # 1 .. 12
-    year: int
+    month: int | None  # 1 .. 12; None: the id names no month (data.futures.root_column)
+    year: int | None
     time_ns: np.ndarray
     prices: dict[str, np.ndarray]  # open, high, low, close
     volume: np.ndarray
@@ -63,7 +63,20 @@ class Contract:
     @property
     def expiry(self) -> int:
         """The expiry (int64 ns UTC): the expiry column's, or the third Friday of the month."""
-        return self.expiry_ns if self.expiry_ns is not None else third_friday(self.year, self.month)
+        if self.expiry_ns is not None:
+            return self.expiry_ns
+        if self.month is None:
+            raise DataError(
+                f"contract {self.id} has no expiry: its id names no month code and "
+                "data.futures.roll.expiry_column is not set"
+            )
+        return third_friday(self.year, self.month)
+
+    @property
+    def order(self) -> int:
+        """Where the contract comes among its root's: by expiry, else by its last bar."""
+        known = self.expiry_ns is not None or self.month is not None
+        return self.expiry if known else int(self.time_ns[-1])
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,7 @@ def roll_schedule(
     """The rolls between one root's contracts (ordered by expiry), factor not yet set (nan)."""
     if rule not in RULES:
         raise ConfigError(f"data.futures.roll.rule must be one of {', '.join(RULES)}, got {rule}")
-    ordered = sorted(contracts, key=lambda c: c.expiry)
+    ordered = sorted(contracts, key=lambda c: c.order)
     rolls, held_from = [], ordered[0].time_ns[0]
     for k, (front, nxt) in enumerate(zip(ordered, ordered[1:], strict=False)):
         at = _roll_time(front, nxt, rule, confirm_bars, days, fixed, k, held_from)
@@ -207,7 +220,7 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
         raise ConfigError(
             f"data.futures.roll.adjust must be one of {', '.join(ADJUSTMENTS)}, got {adjust}"
         )
-    ordered = sorted(contracts, key=lambda c: c.expiry)
+    ordered = sorted(contracts, key=lambda c: c.order)
     bounds = [ordered[0].time_ns[0], *(r.time_ns for r in rolls), np.iinfo(np.int64).max]
     pieces, factors = [], []
     for k, c in enumerate(ordered):
@@ -277,11 +290,26 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
     values = {p: table[c].to_numpy() for p, c in columns.items()}
     interest = f.roll.open_interest_column
     expiries = _expiries(table, getattr(f.roll, "expiry_column", None))
+    root_of = getattr(f, "root_column", None)
+    roots = np.asarray(table[root_of].to_pylist(), dtype=object) if root_of else None
     by_root: dict[str, list[Contract]] = {}
     for contract_id in sorted(set(ids)):
         rows = np.flatnonzero(ids == contract_id)
         rows = rows[np.argsort(time_ns[rows], kind="stable")]
-        root, month, year = parse_contract(contract_id, time_ns[rows[0]], f.root_pattern)
+        if roots is None:
+            root, month, year = parse_contract(contract_id, time_ns[rows[0]], f.root_pattern)
+        else:  # the root column names it; the id may still give the month
+            found = sorted(set(map(str, roots[rows])))
+            if len(found) != 1:
+                raise DataError(
+                    f"contract {contract_id} has {len(found)} roots in data.futures.root_column "
+                    f"'{root_of}': {', '.join(found)}"
+                )
+            try:
+                _, month, year = parse_contract(contract_id, time_ns[rows[0]], f.root_pattern)
+            except DataError:
+                month = year = None
+            root = found[0]
         by_root.setdefault(root, []).append(
             Contract(
                 id=contract_id,

@@ -258,7 +258,7 @@ def load(cfg: Any) -> Loaded:
     plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
     projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
-    projection += [expiry_column(cfg)] if expiry_column(cfg) else []
+    projection += [c for c in (expiry_column(cfg), root_column(cfg)) if c]
     # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
     # the dataset would cast every file to the first one's types (a float to its int8, say)
     tables = [
@@ -288,6 +288,8 @@ def _common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     columns |= {c: pa.array(as_float(table, c)) for c in plan.values}
     if expiry_column(cfg):  # a date or time, read by data.futures as it is
         columns[expiry_column(cfg)] = table.column(expiry_column(cfg))
+    if root_column(cfg):
+        columns[root_column(cfg)] = as_text(table.column(root_column(cfg)), root_column(cfg))
     return pa.table(columns)
 
 
@@ -327,6 +329,10 @@ def expiry_column(cfg: Any) -> str | None:
     return getattr(cfg.futures.roll, "expiry_column", None) if futures_enabled(cfg) else None
 
 
+def root_column(cfg: Any) -> str | None:
+    return getattr(cfg.futures, "root_column", None) if futures_enabled(cfg) else None
+
+
 def timeline(cfg: Any) -> np.ndarray:
     """Every distinct time of the data, all instruments together (sorted int64 ns), reading
     only the time column a file at a time: the calendar the splits cut (`data.splits`)."""
@@ -351,6 +357,8 @@ def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
 
 def instrument_names(dataset: pads.Dataset, cfg: Any) -> list[str]:
     """The instrument vocabulary: the group column's names, or with data.futures their roots."""
+    if root_column(cfg):
+        return group_names(dataset, root_column(cfg))
     names = group_names(dataset, cfg.group_column)
     if not futures_enabled(cfg):
         return names
