@@ -65,6 +65,9 @@ class OhlcvConfig:
     location_windows: list[int] = field(default_factory=lambda: [1, 12])
     momentum_windows: list[int] = field(default_factory=list)
     calendar: bool = True
+    # time-of-day and cash-session encodings: auto (off for daily bars, from the data's median
+    # bar step), true or false
+    intraday: Any = "auto"
     # Total number of derived features; families are extended on a grid to reach it (225 = seed).
     num_features: int | None = None
 

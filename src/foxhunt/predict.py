@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
-from foxhunt.data.datamodule import WindowDataset, window_tensors
+from foxhunt.data.datamodule import WindowDataset, resolve_intraday, window_tensors
 from foxhunt.data.features import KNOWN_CALENDAR
 from foxhunt.data.future import Future, known_at, split_future
 from foxhunt.data.read import Series, load_table
@@ -148,12 +148,13 @@ def _data_config(
     cfg = OmegaConf.merge(base, OmegaConf.create(dict(changes or {})))
     # the checkpoint fixes the window; the data config's lengths do not apply
     cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
+    resolve_intraday(cfg, schema)  # and whether its bars had a time of day
     return cfg
 
 
 def _schema_data_config(schema: DataSchema) -> DictConfig:
     """A data config for the checkpoint's columns, when its training config is not found."""
-    derived = schema.target == OHLCV_TARGET and set(KNOWN_CALENDAR) <= set(schema.known)
+    derived = schema.target == OHLCV_TARGET and {"dow_sin", "dow_cos"} <= set(schema.known)
     if derived:
         d = {"features": "ohlcv", "target": None}
         d["known_features"] = [k for k in schema.known if k not in KNOWN_CALENDAR]

@@ -368,3 +368,33 @@ def test_a_root_column_names_the_root_of_ids_without_a_month_code(tmp_path):
         DataError, match="contract first has 2 roots in data.futures.root_column 'root': ES, NQ"
     ):
         ParquetDataModule(cfg).setup()
+
+
+def test_daily_bars_get_no_time_of_day_features(tmp_path):
+    # daily bars stamped at 21:00 or 22:00 UTC (a daylight-saving shift): a daily bar has no
+    # time of day, whatever its clock time; eager and lazy paths alike, and predict
+    _, path = contracts("ratio")
+    n = len(path)
+    shift = np.where(np.arange(n) < n // 2, 21, 22) * 3600 * 10**9
+    rng = np.random.default_rng(1)
+    table = pa.table(
+        {
+            "timestamp": pa.array(T0 + DAY * np.arange(n) + shift, pa.timestamp("ns", tz="UTC")),
+            "symbol": np.full(n, "SPX"),
+            "open": path,
+            "high": path * (1 + 0.01 * rng.random(n)),
+            "low": path * (1 - 0.01 * rng.random(n)),
+            "close": path,
+            "volume": 1000 + rng.random(n),
+        }
+    )
+    pq.write_table(table, tmp_path / "daily.parquet")
+    found = []
+    for lazy in (False, True):
+        cfg = futures_cfg(tmp_path / "daily.parquet")
+        cfg.futures.enabled, cfg.lazy, cfg.cache_dir = False, lazy, str(tmp_path / "cache")
+        dm = ParquetDataModule(cfg)
+        dm.setup()
+        assert dm.schema.known == ["dow_sin", "dow_cos"], f"lazy={lazy}"
+        found.append(dm.datasets["train"].inputs)
+    assert torch.equal(found[0], found[1])

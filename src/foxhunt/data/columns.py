@@ -111,8 +111,11 @@ def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
     """The feature families to derive from raw bars; None unless data.features=ohlcv."""
     if cfg.features != "ohlcv":
         return None
-    options = {f.name for f in dataclasses.fields(OhlcvSpec)}
-    return ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
+    options = {f.name for f in dataclasses.fields(OhlcvSpec)} - {"intraday"}
+    spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
+    # unresolved (no data seen: `describe` for the memory estimator): as intraday bars
+    intraday = getattr(cfg.ohlcv, "intraday", "auto")
+    return dataclasses.replace(spec, intraday=intraday in (True, "auto", "true"))
 
 
 def model_inputs(cfg: Any, observed: list[str], known: list[str]) -> tuple[list[str], list[str]]:

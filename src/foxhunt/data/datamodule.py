@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from foxhunt.data.features import INTRADAY_CALENDAR
 from foxhunt.data.read import Loaded, futures_enabled, load, timeline
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import ensure_sample
@@ -33,6 +34,7 @@ from foxhunt.data.store import open_store, wants_lazy
 from foxhunt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
+DAILY_BAR_NS = 20 * 3600 * 10**9  # a median step this long: daily (or longer) bars
 
 
 class WindowDataset(Dataset):
@@ -194,6 +196,7 @@ class ParquetDataModule(L.LightningDataModule):
         if self.schema is not None:
             return
         self.prepare_data()
+        resolve_intraday(self.cfg, self.fixed_schema)
         if futures_enabled(self.cfg) and self.cfg.lazy is True:
             raise ConfigError(
                 "data.futures reads a root's contracts together: use data.lazy=false (the "
@@ -400,3 +403,23 @@ class ParquetDataModule(L.LightningDataModule):
 
 def _fraction(cfg: Any, split: str) -> float:
     return cfg.val_fraction if split == "val" else cfg.test_fraction
+
+
+def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
+    """data.ohlcv.intraday=auto, resolved in `cfg`: as `schema` (a checkpoint's) has it, else
+    from the data's median bar step (daily bars or longer: no time-of-day features). A file
+    whose times cannot be read is left to `load` to name what is wrong."""
+    if cfg.features != "ohlcv" or getattr(cfg.ohlcv, "intraday", None) != "auto":
+        return
+    if schema is not None:
+        cfg.ohlcv.intraday = INTRADAY_CALENDAR[0] in schema.known or not (
+            {"dow_sin", "dow_cos"} <= set(schema.known)
+        )
+        return
+    try:
+        steps = np.diff(timeline(cfg))
+    except DataError:
+        return
+    cfg.ohlcv.intraday = not (len(steps) and np.median(steps) >= DAILY_BAR_NS)
+    if not cfg.ohlcv.intraday:
+        log.info("data: daily bars, so no time-of-day features (%s)", ", ".join(INTRADAY_CALENDAR))

@@ -66,6 +66,7 @@ __all__ = [
     "OhlcvSpec",
     "DerivedFeatures",
     "KNOWN_CALENDAR",
+    "INTRADAY_CALENDAR",
     "EXTENSION_GRID",
     "ohlcv_spec",
     "feature_names",
@@ -76,6 +77,8 @@ __all__ = [
 
 KNOWN_CALENDAR: tuple[str, ...] = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")
 """Names of the calendar (known-future) features, in order."""
+INTRADAY_CALENDAR: tuple[str, ...] = ("tod_sin", "tod_cos", "to_cash_close")
+"""The calendar features of intraday bars only (`OhlcvSpec.intraday`)."""
 
 MAX_EXTENSION_WINDOW = 512
 EXTENSION_GRID: tuple[int, ...] = tuple(
@@ -131,6 +134,8 @@ class OhlcvSpec:
     location_windows: tuple[int, ...] = (1, 12)
     momentum_windows: tuple[int, ...] = ()
     calendar: bool = True
+    # the time-of-day and cash-session encodings (INTRADAY_CALENDAR): a daily bar has none
+    intraday: bool = True
     num_features: int | None = None
 
     def __post_init__(self) -> None:
@@ -142,6 +147,7 @@ class OhlcvSpec:
                 raise ConfigError(f"features.{fname} must be >= {low}, got {bad}")
             object.__setattr__(self, fname, wins)
         object.__setattr__(self, "calendar", bool(self.calendar))
+        object.__setattr__(self, "intraday", bool(self.intraday))
         nf = self.num_features
         if nf is not None:
             if isinstance(nf, bool) or not isinstance(nf, int | np.integer):
@@ -160,7 +166,8 @@ def ohlcv_spec(**overrides: Any) -> OhlcvSpec:
 
 
 def _plan(spec: OhlcvSpec) -> tuple[list[tuple[str, int]], list[str]]:
-    known = list(KNOWN_CALENDAR) if spec.calendar else []
+    known = [k for k in KNOWN_CALENDAR if spec.intraday or k not in INTRADAY_CALENDAR]
+    known = known if spec.calendar else []
     base = [(fam, w) for fam in _FAMILIES for w in getattr(spec, _SPEC_FIELD[fam])]
     if spec.num_features is None:
         return base, known
@@ -394,7 +401,7 @@ def derive_features(
 
     known: dict[str, np.ndarray] = {}
     if known_names:
-        known = _calendar(t)
+        known = {k: v for k, v in _calendar(t).items() if k in known_names}
 
     return DerivedFeatures(
         observed=observed,
