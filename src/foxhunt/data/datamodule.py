@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
-from foxhunt.data.read import Loaded, futures_enabled, load, timeline
+from foxhunt.data.read import Loaded, bar_step, futures_enabled, load, timeline
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
@@ -407,8 +407,8 @@ def _fraction(cfg: Any, split: str) -> float:
 
 def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
     """data.ohlcv.intraday=auto, resolved in `cfg`: as `schema` (a checkpoint's) has it, else
-    from the data's median bar step (daily bars or longer: no time-of-day features). A file
-    whose times cannot be read is left to `load` to name what is wrong."""
+    from the median bar step of the data's first file (daily bars or longer: no time-of-day
+    features). A file whose times cannot be read is left to `load` to name what is wrong."""
     if cfg.features != "ohlcv" or getattr(cfg.ohlcv, "intraday", None) != "auto":
         return
     if schema is not None:
@@ -417,9 +417,9 @@ def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
         )
         return
     try:
-        steps = np.diff(timeline(cfg))
+        step = bar_step(cfg)  # one file's times: a cached window store is not read again
     except DataError:
         return
-    cfg.ohlcv.intraday = not (len(steps) and np.median(steps) >= DAILY_BAR_NS)
+    cfg.ohlcv.intraday = step is None or step < DAILY_BAR_NS
     if not cfg.ohlcv.intraday:
         log.info("data: daily bars, so no time-of-day features (%s)", ", ".join(INTRADAY_CALENDAR))

@@ -344,6 +344,17 @@ def timeline(cfg: Any) -> np.ndarray:
     return np.unique(np.concatenate(times)) if times else np.zeros(0, np.int64)
 
 
+def bar_step(cfg: Any) -> float | None:
+    """The median step between the distinct times of the data's first file (int64 ns): the
+    bar frequency, from one file's time column (not the whole timeline); None under 2 times."""
+    dataset = open_dataset(cfg.path)
+    fragment = next(iter(dataset.get_fragments()), None)
+    if fragment is None:
+        return None
+    times = np.unique(time_ns_of(read_file(dataset, fragment, [cfg.time_column]), cfg))
+    return float(np.median(np.diff(times))) if len(times) > 1 else None
+
+
 def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
     """The instrument vocabulary, reading only the group column, a file at a time."""
     if column is None:
@@ -363,7 +374,7 @@ def instrument_names(dataset: pads.Dataset, cfg: Any) -> list[str]:
     if not futures_enabled(cfg):
         return names
     pattern = cfg.futures.root_pattern
-    return sorted({re.match(pattern, n)["root"] if re.match(pattern, n) else n for n in names})
+    return sorted({m["root"] if (m := re.match(pattern, n)) else n for n in names})
 
 
 def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:
