@@ -154,7 +154,10 @@ def _data_config(
 
 def _schema_data_config(schema: DataSchema) -> DictConfig:
     """A data config for the checkpoint's columns, when its training config is not found."""
-    derived = schema.target == OHLCV_TARGET and {"dow_sin", "dow_cos"} <= set(schema.known)
+    derived = schema.target == OHLCV_TARGET and {"dow_sin", "dow_cos"} <= {
+        *schema.known,
+        *schema.dropped,
+    }
     if derived:
         d = {"features": "ohlcv", "target": None}
         d["known_features"] = [k for k in schema.known if k not in KNOWN_CALENDAR]
@@ -195,9 +198,10 @@ def build_windows(
     loaded = load_table(observed_rows, cfg)
     series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
+    dropped = schema.dropped  # the features the model was trained without (constant then)
     found = DataSchema(
-        observed=loaded.observed,
-        known=loaded.known,
+        observed=[c for c in loaded.observed if c not in dropped],
+        known=[c for c in loaded.known if c not in dropped],
         static=loaded.static,
         groups=names if cfg.group_column else [],
         target=loaded.target,
@@ -206,6 +210,8 @@ def build_windows(
         prediction_length=schema.prediction_length,
     )
     schema.check_matches(found)
+    columns = [loaded.target, *loaded.observed, *loaded.known]
+    keep = [columns.index(c) for c in schema.encoder_columns]
     _check_history(series, names, observed_rows, cfg, schema.encoder_length)
 
     e, h = schema.encoder_length, schema.prediction_length
@@ -221,9 +227,9 @@ def build_windows(
         if len(times) < h and not all_windows:
             lacking.append(f"{s.name} has {len(times)}")
         n, f = len(s.target), len(times)
-        block = np.full((n + f, len(schema.encoder_columns)), np.nan)
+        block = np.full((n + f, len(columns)), np.nan)
         block[:n] = np.column_stack([s.target, s.observed, s.known])
-        block[n:, block.shape[1] - len(schema.known) :] = future_known
+        block[n:, len(columns) - len(loaded.known) :] = future_known
         first = e - 1 if all_windows else n - 1
         origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
         if len(origins) == 0:
@@ -237,7 +243,7 @@ def build_windows(
         parts["target_ns"].append(time_all[steps])
         parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
         parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
-        rows.append(block)
+        rows.append(block[:, keep])
         groups.append(np.full(n + f, group, dtype=np.int64))
         starts.append(offset + origins - e + 1)
         offset += n + f

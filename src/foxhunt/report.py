@@ -134,6 +134,9 @@ def _data_section(datamodule: ParquetDataModule) -> list[str]:
     if schema.skipped:
         skipped = ", ".join(f"`{c}` ({why})" for c, why in schema.skipped.items())
         lines.append(f"- Not numeric, so left out by `data.features=all`: {skipped}")
+    if schema.dropped:
+        dropped = ", ".join(f"`{c}`" for c in schema.dropped)
+        lines.append(f"- Constant over the training split, so not given to the model: {dropped}")
     lines.append("")
     ranges = split_ranges(datamodule)
     table = [

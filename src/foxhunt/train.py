@@ -288,6 +288,7 @@ def train(
         "world_size": trainer.world_size,  # DDP processes
         "val_batch_size": datamodule.val_batch_size,
         "num_features": datamodule.schema.num_features,
+        "dropped_features": list(datamodule.schema.dropped),  # constant over the training split
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
         "quantiles": model_cfg["quantiles"],
         "metrics": {

@@ -235,9 +235,12 @@ def futures_run(path) -> list[str]:
     ]
 
 
-def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path):
+@pytest.mark.parametrize("adjust", ["ratio", "none"])
+def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path, adjust):
     cs, path = contract_file(tmp_path / "es.parquet")
-    dm = ParquetDataModule(futures_cfg(tmp_path / "es.parquet"))
+    cfg = futures_cfg(tmp_path / "es.parquet")
+    cfg.futures.roll.adjust = adjust  # none too: a roll bar's return is never the spread
+    dm = ParquetDataModule(cfg)
     dm.setup()
     assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known
     assert [(r.from_id, r.to_id) for r in dm.rolls] == [("ESH6", "ESM6"), ("ESM6", "ESU6")]

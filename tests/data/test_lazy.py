@@ -13,9 +13,11 @@ import torch
 
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.schema import CONSTANT
 from foxhunt.data.splits import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
-from tests.helpers import compose_train, make_table, ohlcv_cfg, with_, write_table
+from foxhunt.predict import build_windows
+from tests.helpers import FIVE_MIN, T0, compose_train, make_table, ohlcv_cfg, with_, write_table
 
 LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
 
@@ -296,3 +298,30 @@ def test_empty_files_add_nothing(tmp_path, data_cfg, cols, eager):
     for cfg in (lazy(data_cfg, empty, tmp_path), with_(data_cfg, path=str(empty), lazy=False)):
         with pytest.raises(DataError, match="empty.parquet has no rows$"):
             setup(with_(cfg, group_column=None))
+
+
+# ---- features constant over the training split ----
+
+
+def test_a_feature_constant_over_the_training_split_is_dropped_alike(tmp_path, data_cfg, caplog):
+    cols = make_table(LENGTHS)
+    late = cols["timestamp"] >= T0 + 200 * FIVE_MIN  # after the training split's end
+    cols["f2"] = np.where(late, cols["f2"], 5.0)
+    caplog.set_level("INFO")
+    one = write_table(tmp_path / "one.parquet", cols)
+    eager = setup(with_(data_cfg, path=str(one), lazy=False))
+    assert eager.splits["cuts"]["val_start"] <= str(np.datetime64(int(T0 + 200 * FIVE_MIN), "ns"))
+    assert eager.schema.dropped == {"f2": CONSTANT} and eager.schema.observed == ["f1"]
+    assert eager.datasets["train"].inputs.shape[1] == 3  # y, f1, k1
+    assert caplog.text.count("dropped 1 feature(s) constant over the training split: f2") == 1
+    assert_same(eager, setup(lazy(data_cfg, per_month(tmp_path / "parts", cols), tmp_path)))
+
+    # a checkpoint's model was trained without it: dropped from data where it varies, too
+    varied = per_instrument(tmp_path / "varied", make_table(LENGTHS, seed=4))
+    for cfg in (with_(data_cfg, path=str(varied), lazy=False), lazy(data_cfg, varied, tmp_path)):
+        dm = setup(cfg, schema=eager.schema)
+        assert dm.schema.dropped == {"f2": CONSTANT} and dm.schema.observed == ["f1"]
+        assert dm.datasets["train"].inputs.shape[1] == 3
+    windows = build_windows(pq.read_table(one), with_(data_cfg, path=str(one)), eager.schema, True)
+    rows = LENGTHS["AAA"]  # the first instrument's rows, as the data module normalized them
+    torch.testing.assert_close(windows.dataset.inputs[:rows], eager.datasets["train"].inputs[:rows])

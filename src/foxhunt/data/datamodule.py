@@ -4,7 +4,6 @@ disk-backed store built one instrument at a time (data.lazy, `foxhunt.data.store
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
 from foxhunt.data.read import Loaded, bar_step, futures_enabled, load, timeline
-from foxhunt.data.schema import DataSchema
+from foxhunt.data.schema import DataSchema, constant_features, drop_features
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
     SPLITS,
@@ -225,28 +224,31 @@ class ParquetDataModule(L.LightningDataModule):
                 for o, sp in zip(offsets, splits, strict=True)
             ]
         )
-        group_names = [s.name for s in series] if cfg.group_column else []
-        schema = DataSchema(
-            observed=loaded.observed,
-            known=loaded.known,
-            static=loaded.static,
-            groups=group_names,
-            target=loaded.target,
-            target_kind=loaded.target_kind,
-            encoder_length=cfg.encoder_length,
-            prediction_length=cfg.prediction_length,
-            skipped=loaded.skipped,
-        )
-        if self.fixed_schema is not None:
-            self.fixed_schema.check_matches(schema)
-            schema = dataclasses.replace(self.fixed_schema, skipped=loaded.skipped)
-        else:
-            mean, std = mean_std(inputs[train_rows])
-            if loaded.target_kind == "return":
-                mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
-            schema.input_mean, schema.input_std = mean.tolist(), std.tolist()
-            smean, sstd = mean_std(statics)
-            schema.static_mean, schema.static_std = smean.tolist(), sstd.tolist()
+        train = inputs[train_rows]
+        mean, std = mean_std(train)
+        if loaded.target_kind == "return":
+            mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
+        smean, sstd = mean_std(statics)
+        found = {
+            "observed": loaded.observed,
+            "known": loaded.known,
+            "static": loaded.static,
+            "groups": [s.name for s in series] if cfg.group_column else [],
+            "target": loaded.target,
+            "target_kind": loaded.target_kind,
+            "encoder_length": cfg.encoder_length,
+            "prediction_length": cfg.prediction_length,
+            "input_mean": mean.tolist(),
+            "input_std": std.tolist(),
+            "static_mean": smean.tolist(),
+            "static_std": sstd.tolist(),
+            "skipped": loaded.skipped,
+        }
+        constant = np.zeros(inputs.shape[1], bool)
+        if len(train):
+            constant = train.min(axis=0) == train.max(axis=0)
+        schema = DataSchema.from_dict(self.resolve_schema(found, constant))
+        inputs = inputs[:, drop_features(found, schema.dropped)[1]]
 
         def instrument_of(row: int) -> str:
             return series[int(np.searchsorted(offsets, row, side="right")) - 1].name
@@ -269,14 +271,8 @@ class ParquetDataModule(L.LightningDataModule):
     def _build_lazy(self) -> None:
         """The lazy path: a disk-backed store built one instrument at a time (`data.store`)."""
 
-        def resolve(found: dict[str, Any]) -> dict[str, Any]:
-            if self.fixed_schema is None:
-                return found
-            self.fixed_schema.check_matches(DataSchema.from_dict(found))
-            return self.fixed_schema.to_dict() | {"skipped": found["skipped"]}
-
         fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
-        store = open_store(self.cfg, fixed, resolve)
+        store = open_store(self.cfg, fixed, self.resolve_schema)
         self.store_path = store.path
         log.info("data: %s the window store %s", "reusing" if store.reused else "built", store.path)
         inputs, target, known, group, static, time_ns = (
@@ -295,6 +291,19 @@ class ParquetDataModule(L.LightningDataModule):
         self._make_datasets(
             schema, inputs, target, known, group, static, time_ns, store.starts, store.instruments
         )
+
+    def resolve_schema(self, found: dict[str, Any], constant: Any) -> dict[str, Any]:
+        """The schema to normalize with, from schema dict `found` (every column the data gives,
+        train-split statistics) and which of its encoder columns are `constant` over the
+        training rows: those dropped, or the checkpoint's schema once the data matches it
+        (and without the features its model was trained without)."""
+        fixed = self.fixed_schema
+        dropped = fixed.dropped if fixed is not None else constant_features(found, constant)
+        found = drop_features(found, dropped)[0]
+        if fixed is None:
+            return found
+        fixed.check_matches(DataSchema.from_dict(found))
+        return fixed.to_dict() | {"skipped": found["skipped"]}
 
     def _make_datasets(
         self,
@@ -336,6 +345,12 @@ class ParquetDataModule(L.LightningDataModule):
             empty = [n for n, spans in self.splits["instruments"].items() if spans[split] is None]
             if empty and len(empty) < instruments:  # (the whole split empty is said above)
                 log.info("data: no %s windows for %s", split, ", ".join(empty))
+        if schema.dropped:
+            log.info(
+                "data: dropped %d feature(s) constant over the training split: %s",
+                len(schema.dropped),
+                ", ".join(schema.dropped),
+            )
         if schema.skipped:
             log.warning(
                 "data: skipped by data.features=all: %s",
@@ -412,9 +427,8 @@ def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
     if cfg.features != "ohlcv" or getattr(cfg.ohlcv, "intraday", None) != "auto":
         return
     if schema is not None:
-        cfg.ohlcv.intraday = INTRADAY_CALENDAR[0] in schema.known or not (
-            {"dow_sin", "dow_cos"} <= set(schema.known)
-        )
+        known = {*schema.known, *schema.dropped}
+        cfg.ohlcv.intraday = INTRADAY_CALENDAR[0] in known or not {"dow_sin", "dow_cos"} <= known
         return
     try:
         step = bar_step(cfg)  # one file's times: a cached window store is not read again

@@ -18,7 +18,9 @@ contracts; numpy only).
   earlier prices by the next contract's close over the front's at the last common bar before
   the roll (log returns then equal each contract's own bar-to-bar returns, also at the roll
   bar), `difference` adds the difference of those closes (price differences equal each
-  contract's own), `none` leaves the jump in.
+  contract's own), `none` leaves the jump in (`stitch`). A table's series (`continuous_table`)
+  feeds foxhunt's derived inputs, all ratios of prices, so there `none` is `ratio`: a roll
+  bar's return is never the spread.
 """
 
 from __future__ import annotations
@@ -330,7 +332,10 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
         schedule = roll_schedule(
             contracts, str(f.roll.rule), f.roll.confirm_bars, f.roll.days, fixed
         )
-        series = stitch(contracts, schedule, str(f.roll.adjust))
+        adjust = str(f.roll.adjust)
+        # every derived input is a ratio of prices: unadjusted, a roll bar's return would be the
+        # spread; ratio-adjusted, each is the contract's own, so `none` derives them from that
+        series = stitch(contracts, schedule, "ratio" if adjust == "none" else adjust)
         pieces.append((root, series))
         rolls += series.rolls
     rows = np.concatenate([s.rows for _, s in pieces])

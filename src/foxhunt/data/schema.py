@@ -34,6 +34,9 @@ class DataSchema:
     static_std: list[float] = field(default_factory=list)
     # the columns data.features=all left out, with their type (the run report lists them)
     skipped: dict[str, str] = field(default_factory=dict)
+    # features the data gives that the model does not see, with why (constant over the
+    # training split); data given to the model later is read without them too
+    dropped: dict[str, str] = field(default_factory=dict)
 
     @property
     def encoder_columns(self) -> list[str]:
@@ -88,6 +91,30 @@ class DataSchema:
         new = [g for g in other.groups if g not in self.groups]
         if new:
             raise CheckpointError(f"instruments unknown to the checkpoint: {', '.join(new)}")
+
+
+CONSTANT = "constant over the training split"
+
+
+def constant_features(found: dict[str, Any], constant: Any) -> dict[str, str]:
+    """The observed and known features of schema dict `found` flagged in `constant` (one flag
+    per encoder column, the target first): a variable selection network still weighs them."""
+    names = [*found["observed"], *found["known"]]
+    return {n: CONSTANT for n, c in zip(names, list(constant)[1:], strict=True) if c}
+
+
+def drop_features(found: dict[str, Any], dropped: dict[str, str]) -> tuple[dict, list[int]]:
+    """Schema dict `found` (every column the data gives) without the observed and known
+    features in `dropped`, and the indices of the encoder columns it keeps."""
+    names = [found["target"], *found["observed"], *found["known"]]
+    keep = [i for i, c in enumerate(names) if i == 0 or c not in dropped]
+    out = dict(found, dropped={c: why for c, why in dropped.items() if c in names[1:]})
+    out["observed"] = [c for c in found["observed"] if c not in dropped]
+    out["known"] = [c for c in found["known"] if c not in dropped]
+    for key in ("input_mean", "input_std"):
+        if found.get(key):
+            out[key] = [found[key][i] for i in keep]
+    return out, keep
 
 
 def describe(cfg: Any) -> DataSchema:

@@ -213,12 +213,15 @@ def check_normalized(
 
 class Moments:
     """Per-column count, mean and sum of squared deviations, merged block by block (Chan, Golub
-    and LeVeque's parallel update, float64): the statistics of all rows without holding them."""
+    and LeVeque's parallel update, float64): the statistics of all rows without holding them.
+    With each column's least and greatest value: which are constant, exactly."""
 
     def __init__(self, columns: int) -> None:
         self.count = 0
         self.mean = np.zeros(columns)
         self.m2 = np.zeros(columns)
+        self.low = np.full(columns, np.inf)
+        self.high = np.full(columns, -np.inf)
 
     def add(self, x: np.ndarray) -> None:
         n = len(x)
@@ -231,6 +234,12 @@ class Moments:
         self.mean = self.mean + delta * (n / total)
         self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
         self.count = total
+        self.low = np.minimum(self.low, x.min(axis=0))
+        self.high = np.maximum(self.high, x.max(axis=0))
+
+    def constant(self) -> np.ndarray:
+        """Per column: every row added so far has the same value (False with no rows)."""
+        return self.low == self.high
 
     def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
         if self.count == 0:

@@ -44,6 +44,7 @@ from omegaconf import OmegaConf
 
 from foxhunt.data.columns import model_inputs, resolve_columns
 from foxhunt.data.read import timeline
+from foxhunt.data.schema import drop_features
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import (
     SPLITS,
@@ -60,7 +61,7 @@ from foxhunt.data.stream import stream
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 3  # 2: calendar splits; 3: time.i64
+FORMAT_VERSION = 4  # 2: calendar splits; 3: time.i64; 4: constant features dropped
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
 # settings that do not change the stored rows, so a change reuses the store
@@ -180,9 +181,12 @@ def _open(entry: Path, reused: bool) -> Store:
     )
 
 
-def open_store(cfg: Any, fixed_schema: dict | None, resolve: Callable[[dict], dict]) -> Store:
+def open_store(
+    cfg: Any, fixed_schema: dict | None, resolve: Callable[[dict, np.ndarray], dict]
+) -> Store:
     """The cached store of the configured data, built first if there is none.
-    `resolve(found)` turns the schema found in the data (with train-split statistics) into the
+    `resolve(found, constant)` turns the schema found in the data (with train-split statistics,
+    and which encoder columns are constant over the training rows) into the
     one to normalize with: itself, or a checkpoint's after checking that the two match."""
     root = cache_root(cfg)
     entry = root / f"{Path(cfg.path).resolve().name}-{cache_key(cfg, fixed_schema)}"
@@ -230,7 +234,7 @@ def _evict_older(entry: Path) -> None:
             shutil.rmtree(other, ignore_errors=True)
 
 
-def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
+def _build(cfg: Any, folder: Path, resolve: Callable[[dict, np.ndarray], dict]) -> None:
     loaded = stream(cfg, folder / "spill")  # first: its checks name what is wrong with the files
     cuts = calendar_cuts(timeline(cfg), cfg)
     E, H = cfg.encoder_length, cfg.prediction_length
@@ -270,36 +274,35 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict], dict]) -> None:
     if loaded.target_kind == "return":
         mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
     static_mean, static_std = mean_std(np.stack(statics))
-    schema = resolve(
-        {
-            "observed": loaded.observed,
-            "known": loaded.known,
-            "static": loaded.static,
-            "groups": names if cfg.group_column else [],
-            "target": loaded.target,
-            "target_kind": loaded.target_kind,
-            "encoder_length": cfg.encoder_length,
-            "prediction_length": cfg.prediction_length,
-            "input_mean": mean.tolist(),
-            "input_std": std.tolist(),
-            "static_mean": static_mean.tolist(),
-            "static_std": static_std.tolist(),
-            "skipped": loaded.skipped,
-        }
-    )
+    found = {
+        "observed": loaded.observed,
+        "known": loaded.known,
+        "static": loaded.static,
+        "groups": names if cfg.group_column else [],
+        "target": loaded.target,
+        "target_kind": loaded.target_kind,
+        "encoder_length": cfg.encoder_length,
+        "prediction_length": cfg.prediction_length,
+        "input_mean": mean.tolist(),
+        "input_std": std.tolist(),
+        "static_mean": static_mean.tolist(),
+        "static_std": static_std.tolist(),
+        "skipped": loaded.skipped,
+    }
+    schema = resolve(found, moments.constant())
+    keep = drop_features(found, schema["dropped"])[1]
     group_of_series, static = normalized_statics(schema, names, statics)
     np.save(folder / "static.npy", static.astype(np.float32))
 
-    known = len(schema["known"])
-    _normalize(folder, scratch, ordinals, known, schema, names, group_of_series)
+    _normalize(folder, scratch, ordinals, (columns, keep), schema, names, group_of_series)
     scratch.unlink()
     ordinals.unlink()
     meta = {
         "version": FORMAT_VERSION,
         "data_path": str(Path(cfg.path).resolve()),
         "rows": rows,
-        "columns": columns,
-        "known": known,
+        "columns": len(keep),
+        "known": len(schema["known"]),
         "instruments": len(names),
         **counts,
         "schema": schema,
@@ -312,17 +315,19 @@ def _normalize(
     folder: Path,
     scratch: Path,
     ordinals: Path,
-    known: int,
+    width_keep: tuple[int, list[int]],
     schema: dict[str, Any],
     names: list[str],
     group_of_series: np.ndarray,
 ) -> None:
     """Pass 2: float64 scratch rows to the float32 store, a chunk at a time, with plain reads
-    and writes (a memmap would count every page it touched as resident)."""
+    and writes (a memmap would count every page it touched as resident); of each row, the
+    encoder columns `keep` of its `width` (the schema's: without the dropped features)."""
+    width, keep = width_keep
     encoder_columns = [schema["target"], *schema["observed"], *schema["known"]]
-    columns = len(encoder_columns)
+    columns, known = len(encoder_columns), len(schema["known"])
     mean, std = np.asarray(schema["input_mean"]), np.asarray(schema["input_std"])
-    chunk_rows = max(1, CHUNK_BYTES // (8 * columns))
+    chunk_rows = max(1, CHUNK_BYTES // (8 * width))
     with (
         open(scratch, "rb") as scratch_f,
         open(ordinals, "rb") as ordinal_f,
@@ -332,10 +337,10 @@ def _normalize(
         open(folder / "group.i64", "wb") as group_f,
     ):
         while True:
-            block = np.fromfile(scratch_f, np.float64, count=chunk_rows * columns)
+            block = np.fromfile(scratch_f, np.float64, count=chunk_rows * width)
             if block.size == 0:
                 break
-            rows = block.reshape(-1, columns)
+            rows = block.reshape(-1, width)[:, keep]
             rows -= mean  # in place: the same float64 operations as the in-memory path
             rows /= std
             normalized = as_float32(rows)
