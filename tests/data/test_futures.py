@@ -251,6 +251,38 @@ def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path, adjust)
     np.testing.assert_allclose(target[1:], np.diff(np.log(path))[days[1:] - 1], atol=1e-6)
 
 
+def test_the_calendar_splits_cut_the_continuous_series(tmp_path):
+    contract_file(tmp_path / "es.parquet")
+    cfg = futures_cfg(tmp_path / "es.parquet")
+    cfg.split.val_start, cfg.split.test_start = "2026-06-01", "2026-08-10"  # days 150, 220
+    dm = ParquetDataModule(cfg)
+    dm.setup()
+    cuts = {k: np.datetime64(v[:-1], "ns").astype(np.int64) for k, v in dm.splits["cuts"].items()
+            if v and "_" in k}  # fmt: skip
+    periods = {
+        "train": (T0, cuts["train_end"]),
+        "val": (cuts["val_start"], cuts["val_end"]),
+        "test": (cuts["test_start"], T0 + 1000 * DAY),
+    }
+    rolls = [r.time_ns for r in dm.rolls]
+    for split, (lo, hi) in periods.items():
+        ds = dm.datasets[split]
+        targets = ds.target_times(np.arange(len(ds)))
+        assert len(ds) > 0 and ((targets >= lo) & (targets < hi)).all(), split
+        assert (ds.group[ds.starts] == 0).all()  # one instrument: ES
+    # the series runs on across the rolls: a training window's history holds the first, the
+    # test period lies after the second, with each window's history taken from before it
+    train, test = dm.datasets["train"], dm.datasets["test"]
+    first = train.time_ns[train.starts].numpy()
+    assert (first < rolls[0]).any() and (
+        train.target_times(np.arange(len(train)))[:, -1] > rolls[0]
+    ).any()
+    assert (
+        test.time_ns[test.starts].numpy().min() < cuts["test_start"]
+        and rolls[1] < cuts["test_start"]
+    )
+
+
 def test_a_run_writes_its_roll_schedule(tmp_path):
     contract_file(tmp_path / "es.parquet")
     train(compose_train(*futures_run(tmp_path / "es.parquet")), tmp_path / "run")
