@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq

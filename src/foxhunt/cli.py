@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from foxhunt.threads import use_cpus
+
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -141,6 +143,7 @@ def run(
     the wrong type or outside an enum) is the user's error: one line, exit 2, before any task
     starts. `resume` rewrites the command line first (into an earlier run's directory)."""
     register_configs()
+    use_cpus()  # intra-op threads: the CPUs this process may use (foxhunt.threads)
     try:
         sys.argv[1:] = resume(sys.argv[1:])
     except FoxhuntError as exc:

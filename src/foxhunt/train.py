@@ -265,7 +265,11 @@ def train(
     budget_mb = cfg.memory.budget_mb
     if budget_mb is None and device.type == "cpu" and cfg.memory.batch_size_search.enabled:
         budget_mb = device_total(device) / 2**20  # trials must meet an OOM, not the OS's killer
-    with device_budget(device, budget_mb, track=held), _oom_is_a_user_error(cfg):
+    context_mb = cfg.memory.cuda_context_mb  # outside the allocator, inside the budget
+    with (
+        device_budget(device, budget_mb, track=held, cuda_context_mb=context_mb),
+        _oom_is_a_user_error(cfg),
+    ):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last, best_score = (

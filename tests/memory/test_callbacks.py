@@ -11,7 +11,7 @@ import torch
 
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory import MB, estimate
-from foxhunt.memory.budget import LiveTensorBytes, live_tensors
+from foxhunt.memory.budget import LiveTensorBytes, cuda_fraction, live_tensors
 from foxhunt.train import train
 from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 
@@ -35,6 +35,15 @@ def test_live_tensor_budget_raises_a_real_oom_and_counts_frees():
             torch.zeros(3 * MB)  # 12 MB
         assert counter.live == 0
         assert counter.peak >= 12 * MB
+
+
+def test_a_cuda_budget_leaves_room_for_the_context():
+    """gpu_4gb on an H200 let the allocator reserve 3918 MB beside a 767 MB context: 4685 MB
+    on what was to be a 4 GB card. The cap is the budget less the context."""
+    gib = 1024 * MB
+    assert cuda_fraction(4 * gib, 800 * MB, 140 * gib) == pytest.approx((4096 - 800) / (140 * 1024))
+    assert cuda_fraction(4 * gib, 0, 2 * gib) == 1.0  # a budget above the card: all of it
+    assert cuda_fraction(500 * MB, 800 * MB, 140 * gib) == 0.0
 
 
 def test_search_finds_the_largest_batch_under_the_budget(tmp_path, table_path):

@@ -112,22 +112,31 @@ def device_total(device: torch.device) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def cuda_fraction(budget: int, context: int, total: int) -> float:
+    """The allocator's share of a `total`-byte GPU that keeps it and the context within
+    `budget` bytes (a budget at or below the context leaves the allocator nothing)."""
+    return min(max(budget - context, 0) / total, 1.0)
+
+
 @contextmanager
 def device_budget(
     device: torch.device,
     budget_mb: float | None,
     track: Iterable[torch.Tensor] = (),
     count: bool = False,
+    cuda_context_mb: float = 0.0,
 ) -> Iterator[LiveTensorBytes | None]:
     """Hold the run to `budget_mb` on `device` while inside. On CPU, live tensors are counted
     whenever `count` or a budget is set (the counter is yielded); on CUDA the allocator is
-    capped by a per-process memory fraction."""
+    capped by a per-process memory fraction, less `cuda_context_mb`: the context sits outside
+    the allocator, and a 4 GB card holds both."""
     global _active
     budget = None if budget_mb is None else int(budget_mb * MB)
     if device.type == "cuda":
         if budget is not None:
             index = device.index if device.index is not None else torch.cuda.current_device()
-            fraction = min(budget / device_total(torch.device("cuda", index)), 1.0)
+            total = device_total(torch.device("cuda", index))
+            fraction = cuda_fraction(budget, int(cuda_context_mb * MB), total)
             torch.cuda.set_per_process_memory_fraction(fraction, index)
         try:
             yield None
