@@ -138,12 +138,8 @@ FULL = Sizes(
     bench_args={"S": (), "B": ("--lean",)},
 )
 QUICK = Sizes(
-    estimator_cases=(
-        ("tft_base", "fp32", 2),
-        ("tft_base", "bf16", 2),
-        ("tft_small", "fp32", 4),
-        ("tft_small", "bf16", 4),
-    ),
+    # both models and both precisions once (tft_base's bf16 step alone takes 16 s on a CPU)
+    estimator_cases=(("tft_base", "fp32", 2), ("tft_small", "bf16", 4)),
     warmup=1,
     steps=1,
     seed_overrides=(
