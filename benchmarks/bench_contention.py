@@ -10,10 +10,11 @@ seconds before it and run until it ends: other such trainings in a loop (`--comp
 the default: a sweep's other jobs) or a plain matmul loop. Every process of a row runs under
 the row's policy:
 
-    before   FOXHUNT_THREADS=off: OpenMP's and torch's defaults (threads spin while they wait)
-    after    foxhunt's settings (foxhunt.threads: OMP_WAIT_POLICY=PASSIVE, threads from the
-             CPUs the process may use)
-    NAME=ENV more, e.g. spin=FOXHUNT_THREADS=off,GOMP_SPINCOUNT=10000
+    before   FOXHUNT_THREADS=off: torch's thread count and OpenMP's spinning waits as they are
+    after    foxhunt's settings (foxhunt.threads: intra-op threads = the CPUs the other
+             processes leave free, re-read between batches)
+    NAME=ENV more, e.g. passive=OMP_WAIT_POLICY=PASSIVE or spin=GOMP_SPINCOUNT=10000 (each
+             with FOXHUNT_THREADS=off to see it alone)
 
 --theirs adds bench_tft's side-by-side step rates (ours and pytorch-forecasting's, config S) in
 the same conditions (`pip install -e ".[bench]"`).
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--policies", nargs="+", default=["before", "after"])
     p.add_argument("--competitor", choices=("train", "matmul"), default="train")
     p.add_argument("--theirs", action="store_true", help="also bench_tft's step rates")
-    p.add_argument("--repeats", type=int, default=1, help="timings per row (the median)")
+    p.add_argument("--repeats", type=int, default=1, help="timings per busy row (the median)")
+    p.add_argument("--quiet-repeats", type=int, default=3, help="timings per quiet row")
     args = p.parse_args(argv)
     policies = parse_policies(args.policies)
     cores = len(os.sched_getaffinity(0))
@@ -164,16 +166,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 procs = start_competitors(k, args.competitor, env, tmp)
                 try:
                     out = tmp / f"{label}{k}"
-                    runs = [time_training(env, out / str(r)) for r in range(args.repeats)]
+                    repeats = args.quiet_repeats if k == 0 else args.repeats
+                    runs = [time_training(env, out / str(r)) for r in range(repeats)]
                     rates = step_rates(env) if args.theirs else {}
                 finally:
                     stop(procs)
-                rows.append({"policy": label, "k": k, "train_s": statistics.median(runs)} | rates)
+                row = {"policy": label, "k": k, "train_s": statistics.median(runs), "runs_s": runs}
+                rows.append(row | rates)
     quiet = {r["policy"]: r["train_s"] for r in rows if r["k"] == 0}
     for r in rows:
         base = quiet.get(r["policy"])
         r["slowdown"] = r["train_s"] / base if base else None
         r["within_goal"] = r["slowdown"] <= r["k"] + 1 if base else None
+    first = quiet.get(next(iter(policies)))  # the quiet time of each policy against the first's
+    quiet_change = {name: t / first - 1 for name, t in quiet.items()} if first else {}
     result = {
         "cores": cores,
         "competitor": args.competitor,
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_avg_end": os.getloadavg()[0],
         "command": "scripts/train.py " + " ".join(TRAIN),
         "policies": policies,
+        "quiet_change": quiet_change,  # each policy's quiet time over the first policy's, - 1
         "rows": rows,
     }
     print_table(result)
@@ -202,6 +209,8 @@ def print_table(result: dict[str, Any]) -> None:
         if theirs:
             line += f"{r['ours_samples_per_s']:>10.0f}{r['theirs_samples_per_s']:>10.0f}"
         print(line)
+    for name, change in result["quiet_change"].items():
+        print(f"quiet time of {name}: {change:+.1%} against {next(iter(result['policies']))}")
 
 
 if __name__ == "__main__":

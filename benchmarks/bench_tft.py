@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +48,8 @@ from foxhunt.data.synthetic import synthetic_panel
 from foxhunt.memory import MB, PARTS
 from foxhunt.memory.table import breakdown_rows, format_table
 from foxhunt.models import TemporalFusionTransformer
+from foxhunt.threads import CpuShare
+from foxhunt.threads import off as threads_off
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.step import train_step, validation_forward
 
@@ -425,6 +425,16 @@ def peak_memory(
     return total, breakdown
 
 
+# on a CPU, the threads a foxhunt training would use between batches (foxhunt.threads; None
+# with FOXHUNT_THREADS=off or OMP_NUM_THREADS set): both contenders' loops follow it alike
+SHARE: CpuShare | None = None
+
+
+def between_batches() -> None:
+    if SHARE is not None:
+        SHARE.update()
+
+
 def time_training(c: Contender, warmup: int, steps: int, device: torch.device) -> float:
     """Training samples/s of a plain loop over pre-collected batches, after warm-up steps."""
     c.model.train()
@@ -433,6 +443,7 @@ def time_training(c: Contender, warmup: int, steps: int, device: torch.device) -
     sync(device)
     start = time.perf_counter()
     for _ in range(steps):
+        between_batches()
         c.train_step()
     sync(device)
     return steps * BATCH_SIZE / (time.perf_counter() - start)
@@ -447,6 +458,7 @@ def time_eval(c: Contender, batches: int, device: torch.device) -> float:
             sync(device)
             start = time.perf_counter()
             for _ in range(batches):
+                between_batches()
                 c.evaluate(c.model, next(c.cursor))
             sync(device)
             return (time.perf_counter() - start) * 1000 / batches
@@ -586,8 +598,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sys.exit(2)
     if not args.skip_theirs:
         import_pytorch_forecasting()  # fail fast, before minutes of work
+    global SHARE
     if args.threads:
         torch.set_num_threads(args.threads)
+    elif args.device == "cpu" and not threads_off():
+        SHARE = CpuShare()
     device = torch.device(args.device)
     shape = CONFIGS[args.config]
     pool = min(max(args.warmup + args.steps, args.eval_batches + 1), MAX_BATCH_POOL)

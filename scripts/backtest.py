@@ -3,8 +3,6 @@
 import json
 from pathlib import Path
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig

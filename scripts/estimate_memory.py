@@ -10,8 +10,6 @@ line one JSON object. `+measure=true` also runs one real step of each kind on th
 
 import json
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import hydra
 from omegaconf import DictConfig
 

@@ -9,8 +9,6 @@ prints the files as one JSON line. Data overrides are those of train.py (`data.p
 import json
 from pathlib import Path
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig

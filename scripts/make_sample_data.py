@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import pyarrow.parquet as pq
 
 from foxhunt.data.sample import make_es_sample

@@ -9,8 +9,6 @@ The data config is the checkpoint's training run's, with `data.*` overrides on t
 
 from pathlib import Path
 
-import foxhunt.threads  # noqa: F401  (first: OpenMP waits by sleeping, set before torch loads)
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig

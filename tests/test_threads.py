@@ -1,65 +1,24 @@
-"""foxhunt.threads: OpenMP's wait policy is set before torch loads, in every entry point, and
-intra-op threads follow the CPUs a process may use."""
+"""foxhunt.threads: intra-op threads follow the CPUs a process may use and the share other
+processes leave it."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+import torch
 
 from foxhunt import threads
 
-ROOT = Path(__file__).resolve().parents[1]
-# runs a script with --help, recording OMP_WAIT_POLICY when torch is first imported
-PROBE = """
-import importlib.abc, os, runpy, sys
-seen = []
-class Probe(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "torch" and not seen:
-            seen.append(os.environ.get("OMP_WAIT_POLICY"))
-        return None
-sys.meta_path.insert(0, Probe())
-sys.argv = [sys.argv[1], "--help"]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit:
-    pass
-print("POLICY", seen[0] if seen else "torch not imported")
-"""
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
-def _policy_at_torch_import(script: Path, **env: str) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "FOXHUNT_THREADS")}
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(script)],
-        capture_output=True,
-        text=True,
-        env=clean | env,
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
-    return out.rsplit("POLICY ", 1)[-1].strip()
-
-
-@pytest.mark.parametrize(
-    "script",
-    sorted(p.name for p in (ROOT / "scripts").glob("*.py") if p.name != "make_sample_data.py"),
-)
-def test_every_entry_point_sets_the_wait_policy_before_torch_loads(script):
-    assert _policy_at_torch_import(ROOT / "scripts" / script) == "PASSIVE"
-
-
-def test_the_user_s_setting_and_off_win():
-    script = ROOT / "scripts" / "train.py"
-    assert _policy_at_torch_import(script, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-    assert _policy_at_torch_import(script, FOXHUNT_THREADS="off") == "None"
-
-
-def test_a_cgroup_quota_caps_the_threads(tmp_path, monkeypatch):
+def test_a_cgroup_quota_caps_the_cpus(tmp_path, monkeypatch):
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # cgroup v2: 1.5 CPUs
     assert threads.cgroup_cpus(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
@@ -76,15 +35,46 @@ def test_a_cgroup_quota_caps_the_threads(tmp_path, monkeypatch):
     assert threads.usable_cpus() == len(os.sched_getaffinity(0))
 
 
-def test_threads_follow_the_usable_cpus_unless_the_user_set_them(monkeypatch):
-    import torch
+def test_busy_time_counts_the_process_s_cpus_only(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  900 0 900 5000 0 0 0 0 0 0\n"
+        "cpu0 100 10 50 2000 30 5 5 20 0 0\n"  # busy: 100+10+50+5+5+20 = 190 ticks
+        "cpu1 800 0 850 3000 0 0 0 0 0 0\n"
+        "intr 12345\n"
+    )
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert threads.busy_seconds({0}, stat) == pytest.approx(190 / ticks)
+    assert threads.busy_seconds({0, 1}, stat) == pytest.approx((190 + 1650) / ticks)
+    assert threads.busy_seconds({0}, tmp_path / "missing") is None
 
-    before = torch.get_num_threads()
-    monkeypatch.setattr(threads, "usable_cpus", lambda: 1)
+
+def test_threads_follow_the_cpus_the_others_leave(monkeypatch, restore_threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    try:
-        assert threads.use_cpus() == 1 and torch.get_num_threads() == 1
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        assert threads.use_cpus() is None
-    finally:
-        torch.set_num_threads(before)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 4)
+    samples = iter(
+        [
+            (0.0, 0.0, 0.0),  # (wall, busy, own) seconds
+            (1.0, 4.0, 3.9),  # quiet: the others used 0.1 CPU
+            (1.2, 5.0, 4.7),  # too soon: no new look
+            (2.0, 7.9, 3.9),  # others used 3.9 CPUs: one thread left
+            (3.0, 10.9, 4.9),  # others used 2: two threads
+            (4.0, 14.9, 8.9),  # quiet again: all four
+        ]
+    )
+    monkeypatch.setattr(threads.CpuShare, "_sample", lambda self: next(samples))
+    torch.set_num_threads(4)
+    share = threads.CpuShare(interval_s=0.5)
+    got = [share.update() for _ in range(5)]
+    assert got == [4, 4, 1, 2, 4] and torch.get_num_threads() == 4 and share.changes == 3
+
+
+def test_the_user_s_setting_and_off_win(monkeypatch, restore_threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 1)
+    assert threads.use_cpus() == 1 and torch.get_num_threads() == 1
+    monkeypatch.setenv("FOXHUNT_THREADS", "off")
+    assert threads.off() and threads.use_cpus() is None
+    monkeypatch.delenv("FOXHUNT_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's, or a launcher's share
+    assert threads.off()

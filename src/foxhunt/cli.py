@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from foxhunt.threads import use_cpus
-
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -19,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from foxhunt.config import register_configs
 from foxhunt.errors import FoxhuntError, WriteError
 from foxhunt.files import write_json
+from foxhunt.threads import use_cpus
 from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2

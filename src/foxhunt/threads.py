@@ -1,37 +1,41 @@
 """CPU threads for foxhunt's processes: fast on a busy machine as on a quiet one.
 
 On a CPU shared with other work (a sweep's other jobs, a notebook beside a training, a CI runner)
-a training ran up to 17x slower than alone: PyTorch's OpenMP threads spin at every barrier while
-another process holds the core they wait for, and a TFT step runs thousands of small parallel
-ops, each ending in a barrier. So, unless the user set them:
+a training ran 25-50x slower than alone (benchmarks/bench_contention.py, 2 cores, one other
+training): PyTorch's OpenMP threads spin at every barrier while another process holds the core
+they wait for, and a TFT step runs thousands of small parallel ops, each ending in a barrier.
+Threads that sleep instead (OMP_WAIT_POLICY=PASSIVE) fixed that but made a quiet training 28%
+slower (each barrier then wakes a sleeping thread), and one thread 22% slower. So foxhunt keeps
+OpenMP's defaults and sizes the intra-op threads to the CPUs the other processes leave it:
 
-- `OMP_WAIT_POLICY=PASSIVE`: a waiting thread sleeps instead of spinning. OpenMP reads it once,
-  when torch loads its runtime, so the entry points import this module before anything that
-  imports torch (its own isort section in pyproject.toml keeps it first); importing it sets it.
-- intra-op threads: the CPUs this process may run on (its affinity mask, capped by a cgroup
-  CPU quota such as `docker --cpus`), where torch counts every CPU of the host (`use_cpus`).
-  Lightning's DDP launcher and joblib's workers then give each process its share.
+- `usable_cpus`: the CPUs this process may run on (its affinity mask, capped by a cgroup CPU
+  quota such as `docker --cpus`), where torch counts every CPU of the host;
+- `CpuShare`: between batches, at most every `interval_s`, how busy the other processes kept
+  those CPUs since the last look (/proc/stat's busy time less this process's own CPU time);
+  the threads are the CPUs left, at least one. Quiet, that is all of them; beside another
+  training, one: a single thread meets no barrier. Two foxhunt trainings so settle on one
+  thread each, and both go back to all when alone again. (Lightning's and torch's tuners do not
+  do this: they size threads once, from the core count.)
 
-`FOXHUNT_THREADS=off` leaves both as they are; `OMP_WAIT_POLICY` or `OMP_NUM_THREADS` set by the
-user win. benchmarks/bench_contention.py measures the effect.
+`FOXHUNT_THREADS=off`, or OMP_NUM_THREADS set by the user (as joblib's workers and Lightning's
+DDP processes have it: their share), leaves the threads as they are.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
+import time
 from pathlib import Path
 
-OFF = os.environ.get("FOXHUNT_THREADS", "").lower() in ("off", "0", "false")
+import lightning as L
+import torch
 
 
-def quiet_waits() -> bool:
-    """OMP_WAIT_POLICY=PASSIVE unless set, off, or too late (torch already loaded); whether set."""
-    if OFF or "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+def off() -> bool:
+    """FOXHUNT_THREADS=off, or threads the user (or the launcher) set."""
+    setting = os.environ.get("FOXHUNT_THREADS", "").lower() in ("off", "0", "false")
+    return setting or "OMP_NUM_THREADS" in os.environ
 
 
 def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -50,22 +54,104 @@ def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
+def _affinity() -> set[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def usable_cpus() -> int:
     """The CPUs this process may use: its affinity mask, capped by a cgroup quota."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = len(_affinity())
     quota = cgroup_cpus()
-    return max(1, min(cpus or 1, math.ceil(quota) if quota else cpus or 1))
+    return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
+
+
+def busy_seconds(cpus: set[int], stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU seconds `cpus` spent busy since boot, all processes together (None without
+    /proc/stat): user, nice, system, irq, softirq and steal time."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds() -> float:
+    """CPU seconds this process has used, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuShare:
+    """Intra-op threads = the usable CPUs the other processes left free since the last look
+    (see the module); `update()` between batches."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.cpus = usable_cpus()
+        self.affinity = _affinity()
+        self.interval_s = interval_s
+        self.threads = torch.get_num_threads()
+        self._last = self._sample()
+        self.changes = 0  # how often the thread count changed
+
+    def _sample(self) -> tuple[float, float | None, float]:
+        return time.monotonic(), busy_seconds(self.affinity), own_seconds()
+
+    def others(self, before: tuple, now: tuple) -> float | None:
+        """CPUs the other processes kept busy between two samples."""
+        wall = now[0] - before[0]
+        if now[1] is None or before[1] is None or wall <= 0:
+            return None
+        return max(0.0, (now[1] - before[1]) - (now[2] - before[2])) / wall
+
+    def update(self) -> int:
+        """The thread count now, changed if the others' load changed (at most every
+        `interval_s`)."""
+        now = self._sample()
+        if now[0] - self._last[0] < self.interval_s:
+            return self.threads
+        others = self.others(self._last, now)
+        self._last = now
+        if others is None:
+            return self.threads
+        threads = min(self.cpus, max(1, round(self.cpus - others)))
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+            self.changes += 1
+        return self.threads
 
 
 def use_cpus() -> int | None:
-    """Intra-op threads = `usable_cpus()` unless OMP_NUM_THREADS is set or off; the count set."""
-    if OFF or "OMP_NUM_THREADS" in os.environ:
+    """Intra-op threads = `usable_cpus()` unless `off()`; the count set."""
+    if off():
         return None
-    import torch  # here: importing this module must not load torch
-
     threads = usable_cpus()
     torch.set_num_threads(threads)
     return threads
 
 
-quiet_waits()
+class ShareCpus(L.Callback):
+    """`CpuShare.update()` before every training, validation and test batch of a run on the
+    CPU with one process (DDP and joblib's workers get their share from the launcher)."""
+
+    def __init__(self) -> None:
+        self.share: CpuShare | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        cpu = trainer.strategy.root_device.type == "cpu"
+        if self.share is None and cpu and trainer.world_size == 1 and not off():
+            self.share = CpuShare()
+
+    def _update(self, *args: object) -> None:
+        if self.share is not None:
+            self.share.update()
+
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = _update

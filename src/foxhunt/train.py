@@ -53,6 +53,7 @@ from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
 from foxhunt.report import report_run
 from foxhunt.rundir import experiment_key
+from foxhunt.threads import ShareCpus
 from foxhunt.training.checkpoint_io import (
     SafeCheckpointIO,
     export_weights,
@@ -231,6 +232,7 @@ def train(
         memory.insert(0, BatchSizeSearch(cfg))
     interrupt = GracefulInterrupt(run_dir / "checkpoints")
     callbacks: list[L.Callback] = [*memory, interrupt, *configured, latest, *extra_callbacks]
+    callbacks.append(ShareCpus())  # intra-op threads: the CPUs other processes leave free
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
     # built before the data is read: a wrong Trainer argument is one line at the start
