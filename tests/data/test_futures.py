@@ -304,6 +304,20 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypa
     futures = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": True}})
     got = futures.predict(nxt, all_windows=True)
     assert set(got["instrument"].to_pylist()) == {"ES"}
+    # bars to forecast after ESU6's last (an empty close): the forecast of ES at their times
+    last = nxt["timestamp"].cast(pa.int64()).to_numpy().max()
+    times = last + DAY * np.arange(1, 5)
+    empty = pa.array([None] * 4, pa.float64())
+    ahead = pa.table(
+        {
+            "timestamp": pa.array(times, pa.timestamp("ns", tz="UTC")),
+            "symbol": ["ESU6"] * 4,
+            **{c: empty for c in ("open", "high", "low", "close", "volume")},
+        }
+    )
+    forecast = futures.predict(pa.concat_tables([nxt, ahead.cast(nxt.schema)]))
+    assert forecast["instrument"].to_pylist() == ["ES"] * 4
+    assert forecast["target_time"].cast(pa.int64()).to_pylist() == times.tolist()
     # predict.py alike: data=es_fut_small has data.futures on and names contracts by symbol
     # (this run has no .hydra/config.yaml to take the data config from)
     pq.write_table(nxt, tmp_path / "next.parquet")

@@ -3,6 +3,7 @@ bars to forecast, and their known-future inputs the model's decoder takes."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,15 @@ import pyarrow.compute as pc
 
 from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import derive_features
-from foxhunt.data.read import as_float, group_codes, stack_columns, time_ns_of
+from foxhunt.data.read import (
+    as_float,
+    futures_enabled,
+    group_codes,
+    root_column,
+    stack_columns,
+    time_ns_of,
+)
+from foxhunt.errors import DataError
 
 
 @dataclass
@@ -49,7 +58,34 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     for g in np.unique(after_codes):
         rows = after_codes == g
         by_name[names[g]] = Future(t[rows], {k: v[rows] for k, v in known.items()})
+    if futures_enabled(cfg):
+        by_name = _by_root(by_name, after, after_codes, names, cfg)
     return table.filter(pa.array(~future)), by_name
+
+
+def _by_root(
+    by_contract: dict[str, Future], after: pa.Table, codes: np.ndarray, names: list, cfg: Any
+) -> dict[str, Future]:
+    """data.futures: the rows to forecast under their contract's root (the instrument the
+    model knows), from one contract of each root."""
+    column = root_column(cfg)
+    roots: dict[str, list[str]] = {}
+    for g in np.unique(codes):
+        contract = names[g]
+        if column:
+            root = str(after[column].filter(pa.array(codes == g))[0].as_py())
+        else:
+            match = re.match(cfg.futures.root_pattern, str(contract))
+            root = match["root"] if match else str(contract)
+        roots.setdefault(root, []).append(contract)
+    several = {r: c for r, c in roots.items() if len(c) > 1}
+    if several:
+        root, contracts = next(iter(several.items()))
+        raise DataError(
+            f"rows to forecast (an empty close) follow the bars of {len(contracts)} contracts "
+            f"of {root}: {', '.join(map(str, contracts))}; give them for one contract of a root"
+        )
+    return {root: by_contract[contracts[0]] for root, contracts in roots.items()}
 
 
 def known_at(cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray]) -> np.ndarray:
