@@ -5,7 +5,9 @@ Why not plain autograd: it keeps about eight [rows, variables, hidden] tensors p
 backward (fc1, ELU, fc2, GLU, add and LayerNorm outputs); with tft_base's 225 variables each of
 them is about a gigabyte. This keeps two (the fc2 output and the GLU pre-activation), recomputes
 the elementwise parts in backward, and processes the variables in chunks, so the [rows, variables,
-hidden] intermediates exist only a chunk at a time.
+hidden] intermediates exist only a chunk at a time. At inference (nothing needs a gradient) the
+same forward runs without the autograd Function, and under torch.export (`foxhunt.export`'s ONNX
+export) in chunks fixed by the weights' sizes, for a batch that is symbolic there.
 
 It also uses that a continuous variable's embedding is a scalar x times a vector w plus b:
 - fc1(x w + b) = x (w W1) + (b W1 + b1), so fc1 is an elementwise affine map (A and C below);
@@ -19,6 +21,7 @@ g = f Wg_j + bg_j; z = GLU(g) + r_j; y = LayerNorm_j(z); out_m = sum_j s_mj y_mj
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,6 +33,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 # passes run mostly in cache: measured on 2 CPU cores, 1M against 8M made a training step 20%
 # faster at bench config S (16 variables) and 15% at B (225), and evaluation 45% / 12% faster.
 CHUNK_ELEMENTS = 1024 * 1024
+# The chunks of an exported graph (`_export_chunks`) are fixed when it is made, for any batch: at
+# most EXPORT_ROW_ELEMENTS per row of an intermediate, unless that makes more than
+# EXPORT_MAX_CHUNKS chunks (torch.onnx takes superlinearly longer on a longer graph: tft_base's
+# 226 variables in 113 chunks took 5 minutes, in 15 chunks 13 s; measured on 2 CPU cores).
+EXPORT_ROW_ELEMENTS = 1024
+EXPORT_MAX_CHUNKS = 32
 LN_EPS = 1e-5
 
 
@@ -77,6 +86,70 @@ def _row(t: Tensor) -> Tensor:
     return t.unsqueeze(1)
 
 
+def _forward(
+    x: Tensor,
+    s: Tensor,
+    A: Tensor,
+    C: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    Wg: Tensor,
+    bg: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    dropout: float,
+    chunks: list[slice],
+    f_all: Tensor | None = None,
+    g_all: Tensor | None = None,
+    keep_all: Tensor | None = None,
+) -> Tensor:
+    """The forward of the module docstring over `chunks` of the variables, plain tensor ops
+    (the autograd Function's forward; inference calls it directly). `f_all`, `g_all`,
+    `keep_all`: buffers that keep fc2's output, the GLU pre-activation and the dropout mask
+    for backward."""
+    rows, h = x.shape[1], gamma.shape[-1]
+    # dropout(f) Wg == (f * keep) (Wg / (1 - p)): the scale rides on the matmul for free
+    scale = 1.0 / (1.0 - dropout)
+    out = x.new_zeros(rows, h)
+    for c in chunks:
+        a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+        # each temporary is dropped as soon as it is used: the next chunk's then reuse its
+        # memory instead of briefly coexisting with it (2 MB less at tft_small, batch 32)
+        f = torch.baddbmm(_row(b2[c]), a, W2[c], out=None if f_all is None else f_all[c])
+        del a
+        if dropout:
+            # rand() >= p: half the time of bernoulli_ on CPU (measured), same distribution
+            keep = torch.rand_like(f) >= dropout
+            f.mul_(keep)
+            if keep_all is not None:
+                keep_all[c] = keep
+            del keep
+        g = torch.baddbmm(
+            _row(bg[c]), f, Wg[c], alpha=scale, out=None if g_all is None else g_all[c]
+        )
+        del f
+        z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
+        del g
+        y = _affine(_normalize(z)[0], gamma[c], beta[c])
+        del z
+        out += y.mul_(_col(s[c])).sum(0)  # (an einsum would copy y to [M, c, h])
+        del y
+    return out
+
+
+def _export_chunks(n: int, h: int) -> list[slice]:
+    """Chunks of the variables for torch.export, from the sizes of the weights alone (the rows
+    are a symbolic batch there): an exported graph run on a large batch makes its [variables,
+    rows, 2 h] intermediates a chunk at a time."""
+    size = max(1, EXPORT_ROW_ELEMENTS // (2 * h), math.ceil(n / EXPORT_MAX_CHUNKS))
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
 class _SelectedGRNs(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -102,41 +175,18 @@ class _SelectedGRNs(torch.autograd.Function):
     ) -> Tensor:
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
-        # dropout(f) Wg == (f * keep) (Wg / (1 - p)): the scale rides on the matmul for free
-        scale = 1.0 / (1.0 - dropout)
-        out = x.new_zeros(rows, h)
         # recompute: keep only the dropout mask; backward rebuilds f and g chunk by chunk
         f_all = x.new_empty(n, rows, dh) if save and not recompute else None
         g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
         keep_all = x.new_empty(n, rows, dh, dtype=torch.bool) if save and dropout else None
-        for c in _chunks(n, rows * 2 * h, x):
-            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
-            # each temporary is dropped as soon as it is used: the next chunk's then reuse its
-            # memory instead of briefly coexisting with it (2 MB less at tft_small, batch 32)
-            f = torch.baddbmm(_row(b2[c]), a, W2[c], out=None if f_all is None else f_all[c])
-            del a
-            if dropout:
-                # rand() >= p: half the time of bernoulli_ on CPU (measured), same distribution
-                keep = torch.rand_like(f) >= dropout
-                f.mul_(keep)
-                if keep_all is not None:
-                    keep_all[c] = keep
-                del keep
-            g = torch.baddbmm(
-                _row(bg[c]), f, Wg[c], alpha=scale, out=None if g_all is None else g_all[c]
-            )
-            del f
-            z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
-            del g
-            y = _affine(_normalize(z)[0], gamma[c], beta[c])
-            del z
-            out += y.mul_(_col(s[c])).sum(0)  # (an einsum would copy y to [M, c, h])
-            del y
+        tensors = (x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta)
+        chunks = _chunks(n, rows * 2 * h, x)
+        out = _forward(*tensors, dropout, chunks, f_all, g_all, keep_all)
         if save:
             ctx.save_for_backward(
                 x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
             )
-            ctx.scale = scale
+            ctx.scale = 1.0 / (1.0 - dropout)
             ctx.dtype = x.dtype
         return out
 
@@ -275,7 +325,15 @@ def selected_grns(
         u, v, R1, R2 = xt * rstd, rstd, Pc * gamma_skip, Qc * gamma_skip
     tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if torch.is_autocast_enabled(x.device.type):
+    h = norm[0].shape[-1]
+    if torch.compiler.is_exporting():
+        # torch.export (and the ONNX export) sees the forward as plain tensor ops, in chunks
+        # fixed by the weights' sizes: its rows are a symbolic batch
+        out = _forward(*tensors, dropout, _export_chunks(n, h))
+    elif not save and not torch.is_autocast_enabled(x.device.type):
+        # inference: the same forward and chunks, without the autograd Function
+        out = _forward(*tensors, dropout, _chunks(n, xt.shape[1] * 2 * h, xt))
+    elif torch.is_autocast_enabled(x.device.type):
         # under bf16 autocast the hand-written kernel runs in float32 (its preallocated
         # buffers and out= matmuls need one dtype); autocast resumes after it
         tensors = tuple(None if t is None else t.float() for t in tensors)

@@ -1,0 +1,564 @@
+"""The ONNX export: ONNX Runtime against the PyTorch model, the reference consumer against
+predict.py, and bad input as one line. Two tiny models, each trained and exported once: one on
+columns of the file (a level target, a known input given in the rows to forecast), one on the
+ES futures sample (derived OHLCV features, calendar inputs, contracts rolled into one root)."""
+
+from __future__ import annotations
+
+import io
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import foxhunt  # noqa: E402
+from foxhunt import cli  # noqa: E402
+from foxhunt.config import DataConfig  # noqa: E402
+from foxhunt.data.columns import OHLCV_FIELDS  # noqa: E402
+from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
+from foxhunt.data.features import derive_features, feature_plan, ohlcv_spec  # noqa: E402
+from foxhunt.data.futures import continuous_table  # noqa: E402
+from foxhunt.data.read import _handle_non_finite  # noqa: E402
+from foxhunt.data.schema import describe  # noqa: E402
+from foxhunt.export import (  # noqa: E402
+    JSON_FILE,
+    ONNX_FILE,
+    ExportError,
+    Int8Grid,
+    data_section,
+    difference,
+    export_dir,
+    export_onnx,
+    exportable,
+    onnx_feed,
+    onnx_session,
+)
+from foxhunt.models import fused_vsn  # noqa: E402
+from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
+from foxhunt.predict import build_windows  # noqa: E402
+from foxhunt.quantization.qat import (  # noqa: E402
+    _QuantizeInput,
+    export_int8,
+    prepare_qat,
+    set_qat_phase,
+)
+from foxhunt.train import train  # noqa: E402
+from foxhunt.training.module import TFTModule, model_init  # noqa: E402
+from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table  # noqa: E402
+
+H = 4  # both models' forecast steps
+TAIL = 30  # rows per instrument in the plain model's prediction file, the last H to forecast
+CONSUMER = ROOT / "examples" / "onnx_predict.py"
+SMALL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
+BRIEF = ("trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1")
+
+
+def _last_rows(symbols: np.ndarray, k: int) -> np.ndarray:
+    """Mask of each instrument's last k rows (rows grouped by instrument, in time order)."""
+    mask = np.zeros(len(symbols), dtype=bool)
+    for s in np.unique(symbols):
+        mask[np.flatnonzero(symbols == s)[-k:]] = True
+    return mask
+
+
+def _trained(cfg, run: Path) -> Path:
+    """Train `cfg` into `run`, leaving its config where train.py's Hydra run leaves it."""
+    summary = train(cfg, run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    return Path(summary["best_checkpoint"])
+
+
+def run_script(script: str, *args: str) -> tuple[int, str, str]:
+    """scripts/<script> as `python scripts/<script> ...` runs it, in this process (a subprocess
+    would spend seconds importing torch again): (exit code, stdout, stderr)."""
+    hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
+        mp.setattr(sys, "argv", [script, *args, *hydra])
+        mp.setattr(cli, "_task_started", False)
+        mp.delenv("HYDRA_FULL_ERROR", raising=False)
+        GlobalHydra.instance().clear()
+        try:
+            runpy.run_path(str(ROOT / "scripts" / script), run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            GlobalHydra.instance().clear()
+    return code, out.getvalue(), err.getvalue()
+
+
+def consumer(*args: str) -> tuple[int, str, str]:
+    """examples/onnx_predict.py's main, in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    main = runpy.run_path(str(CONSUMER))["main"]
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """Trained on all but each instrument's last H rows, exported with scripts/export.py; the
+    prediction file is the last TAIL rows, target and observed inputs of the last H emptied."""
+    root = tmp_path_factory.mktemp("plain")
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["w"] = np.where(cols["symbol"] == "AAA", 1.5, -2.0)  # a static real per instrument
+    train_path = write_table(
+        root / "train.parquet", {k: v[~_last_rows(cols["symbol"], H)] for k, v in cols.items()}
+    )
+    cfg = compose_train(*tiny_overrides(train_path, *BRIEF, "data.static_features=[w]"), *SMALL)
+    ckpt = _trained(cfg, root / "run")
+    tail = {k: v[_last_rows(cols["symbol"], TAIL)] for k, v in cols.items()}
+    future = _last_rows(tail["symbol"], H)
+    for k in ("y", "f1", "f2"):
+        tail[k] = np.where(future, np.nan, tail[k])
+    code, stdout, stderr = run_script(
+        "export.py", f"ckpt_path={ckpt}", f"export.out={root / 'onnx'}"
+    )
+    assert code == 0, stderr
+    return SimpleNamespace(
+        root=root,
+        ckpt=ckpt,
+        export=root / "onnx",
+        stdout=stdout,
+        data=write_table(root / "tail.parquet", tail),
+    )
+
+
+@pytest.fixture(scope="module")
+def futures(tmp_path_factory: pytest.TempPathFactory, es_sample: Path) -> SimpleNamespace:
+    """Trained on the ES sample (contracts ESH6 and ESM6, rolled into ES), exported."""
+    root = tmp_path_factory.mktemp("futures")
+    cfg = compose_train(
+        "data=es_fut_small",
+        f"data.path={es_sample}",
+        "data.generate_if_missing=false",
+        "data.encoder_length=32",
+        f"data.prediction_length={H}",
+        "data.batch_size=16",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.accelerator=cpu",
+        "report=false",
+        *BRIEF,
+        *SMALL,
+    )
+    ckpt = _trained(cfg, root / "run")
+    result = export_onnx(ckpt, root / "onnx")
+    return SimpleNamespace(root=root, ckpt=ckpt, export=root / "onnx", data=es_sample, **result)
+
+
+@pytest.fixture(scope="module")
+def int8(plain: SimpleNamespace) -> SimpleNamespace:
+    """The plain model's int8 export (QAT ranges observed on the tail's windows), exported."""
+    module = TFTModule.load_from_checkpoint(plain.ckpt, map_location="cpu")
+    predictor = foxhunt.load(plain.ckpt, batch_size=64)
+    cfg = predictor.data_cfg.copy()
+    cfg.path = str(plain.data)
+    dataset = build_windows(pq.read_table(plain.data), cfg, module.schema, True).dataset
+    model = prepare_qat(module.model).eval()
+    set_qat_phase(model, observe=True, fake_quant=True)
+    with torch.no_grad():
+        model(dataset.__getitems__(list(range(len(dataset)))))
+    set_qat_phase(model, observe=False, fake_quant=True)
+    path = plain.ckpt.parent / "model_int8.safetensors"  # beside the checkpoints: config found
+    export_int8(
+        model, model_init(module.hparams.model, module.schema), path, module.schema.to_dict()
+    )
+    result = export_onnx(path, plain.root / "onnx_int8")
+    return SimpleNamespace(path=path, export=plain.root / "onnx_int8", dataset=dataset, **result)
+
+
+def _windows(predictor, path: Path, split: str) -> object:
+    """The `split` windows of the data at `path`, normalized with the model's schema."""
+    cfg = predictor.data_cfg.copy()
+    cfg.path = str(path)
+    datamodule = ParquetDataModule(cfg, schema=predictor.schema)
+    datamodule.setup()
+    return datamodule.datasets[split]
+
+
+def _parity(session, model, dataset, schema, batch: int) -> tuple[float, float]:
+    """(largest absolute, relative) difference of ONNX Runtime against `model` on `batch`
+    windows of `dataset` (cycled through when it holds fewer)."""
+    windows = dataset.__getitems__([i % len(dataset) for i in range(batch)])
+    got = session.run(["quantiles"], onnx_feed(windows, schema))[0]
+    with torch.no_grad():
+        want = model(windows).numpy()
+    return difference(got, want)
+
+
+def _same_forecasts(got: pa.Table, want: pa.Table) -> None:
+    """The same rows, times, horizons and actuals; quantiles within 1e-4 relative."""
+    assert got.schema.equals(want.schema)
+    quantiles = [c for c in want.column_names if c.startswith("q")]
+    others = [c for c in want.column_names if c not in quantiles]
+    assert got.num_rows == want.num_rows > 0
+    assert got.select(others).equals(want.select(others))
+    a, b = (np.column_stack([t[c].to_numpy() for c in quantiles]) for t in (got, want))
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+# --- the export ------------------------------------------------------------------------------
+
+
+def test_export_writes_the_model_and_its_description(plain):
+    meta = json.loads((plain.export / JSON_FILE).read_text())
+    assert meta["format"] == "foxhunt-onnx" and meta["foxhunt_version"]
+    assert meta["instruments"] == ["AAA", "BBB"] and meta["quantiles"] == [0.1, 0.5, 0.9]
+    assert (meta["encoder_length"], meta["prediction_length"]) == (16, H)
+    assert [(i["name"], i["dtype"], i["shape"]) for i in meta["inputs"]] == [
+        ("encoder_observed", "float32", ["batch", 16, 3]),
+        ("encoder_known", "float32", ["batch", 16, 1]),
+        ("decoder_known", "float32", ["batch", H, 1]),
+        ("static_real", "float32", ["batch", 1]),
+        ("instrument", "int64", ["batch"]),
+    ]
+    assert meta["inputs"][0]["features"] == ["y", "f1", "f2"]
+    schema = foxhunt.load(plain.ckpt).schema
+    assert meta["target"] == {
+        "name": "y",
+        "kind": "level",
+        "mean": schema.target_center,
+        "std": schema.target_scale,
+    }
+    assert meta["features"]["f2"]["mean"] == schema.input_mean[2]
+    assert meta["features"]["w"] == {
+        "role": "static",
+        "source": "column",
+        "column": "w",
+        "mean": schema.static_mean[0],
+        "std": schema.static_std[0],
+    }
+    assert meta["data"]["columns_read"] == ["k1", "w", "y", "f1", "f2"]
+    # ONNX Runtime reads the inputs and output model.json names, the batch dimension dynamic
+    session = onnx_session(plain.export / ONNX_FILE)
+    found = [(i.name, i.type, i.shape) for i in session.get_inputs()]
+    assert [(n, t, s[1:]) for n, t, s in found] == [
+        (i["name"], f"tensor({'float' if i['dtype'] == 'float32' else 'int64'})", i["shape"][1:])
+        for i in meta["inputs"]
+    ]
+    assert all(isinstance(s[0], str) for _, _, s in found)
+    assert [o.name for o in session.get_outputs()] == ["quantiles"]
+    # the command's last line is the result as JSON, the parity measured before writing
+    result = json.loads(plain.stdout.splitlines()[-1])
+    assert result["verification"]["batch_sizes"] == [1, 7]
+    assert result["verification"]["max_rel_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("batch", [1, 7, 1024])
+def test_onnx_runtime_matches_the_model_on_the_test_windows(futures, batch):
+    predictor = foxhunt.load(futures.ckpt)
+    dataset = _windows(predictor, futures.data, "test")
+    session = onnx_session(futures.export / ONNX_FILE)
+    _, rel = _parity(session, predictor.model, dataset, predictor.schema, batch)
+    print(f"fp32 batch {batch}: max relative difference {rel:.2g}")
+    assert rel <= 1e-4
+
+
+def test_the_int8_export_exports(int8):
+    """ONNX Runtime against the model it was exported from (int8 weights, inputs rounded to
+    their int8 grid, LSTMs float of their int8 weights), and against foxhunt.load's int8 model
+    (whose LSTMs also quantize their activations): close, not equal."""
+    assert int8.precision == "int8" and int8.verification["max_rel_diff"] <= 1e-2
+    predictor = foxhunt.load(int8.path)
+    model, _ = exportable(foxhunt.load(int8.path), int8.path)
+    session = onnx_session(int8.export / ONNX_FILE)
+    for batch in (1, 7, 1024):
+        windows = int8.dataset.__getitems__([i % len(int8.dataset) for i in range(batch)])
+        got = session.run(["quantiles"], onnx_feed(windows, predictor.schema))[0]
+        with torch.no_grad():
+            same = model.model(windows).numpy()
+            dynamic = predictor.model(windows).numpy()
+        # a layer's input on an int8 rounding step can round the other way after float
+        # rounding upstream: then its window moves by up to a few 1e-3, so the mean is bounded
+        rel = difference(got, same)[1]
+        mean_rel = np.abs(got - same).mean() / np.abs(same).max()
+        within = np.mean(np.abs(got - same) <= 1e-4 * np.abs(same).max())
+        against = np.abs(got - dynamic).mean() / dynamic.std()
+        print(
+            f"int8 batch {batch}: max relative difference {rel:.2g}, mean {mean_rel:.1g} "
+            f"({within:.1%} of the quantiles within 1e-4); against foxhunt.load's int8 mean "
+            f"|diff| / std {against:.2g}"
+        )
+        assert rel <= 1e-2 and mean_rel <= 1e-3 and against < 0.05
+    # each layer's input rounded to its int8 grid as torch's fake quantization rounds it
+    hooks = [h for m in predictor.model.modules() for h in m._forward_pre_hooks.values()]
+    grids = [h for h in hooks if isinstance(h, _QuantizeInput)]
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 5
+    for hook in grids:
+        want = torch.fake_quantize_per_tensor_affine(x, hook.scale, hook.zero_point, 0, 255)
+        assert torch.equal(Int8Grid(hook.scale, hook.zero_point)(None, (x,))[0], want)
+    assert len(grids) > 10
+
+
+# --- the reference consumer ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["plain", "futures"])
+@pytest.mark.parametrize("all_windows", [False, True])
+def test_the_consumer_forecasts_as_predict_py(model, all_windows, request, tmp_path):
+    m = request.getfixturevalue(model)
+    extra = ["predict.all_windows=true"] if all_windows else []
+    code, _, stderr = run_script(
+        "predict.py",
+        f"ckpt_path={m.ckpt}",
+        f"data.path={m.data}",
+        f"predict.out={tmp_path / 'predict.parquet'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *extra,
+    )
+    assert code == 0, stderr
+    flag = ["--all-windows"] if all_windows else []
+    code, stdout, stderr = consumer(m.export, m.data, tmp_path / "onnx.parquet", *flag)
+    assert code == 0, stderr
+    assert stdout.strip().endswith(str(tmp_path / "onnx.parquet"))
+    _same_forecasts(
+        pq.read_table(tmp_path / "onnx.parquet"), pq.read_table(tmp_path / "predict.parquet")
+    )
+
+
+def test_the_consumer_needs_neither_torch_nor_foxhunt(futures, tmp_path):
+    """Run where importing torch or foxhunt fails: the same forecasts."""
+    blocked = (
+        "import importlib.abc, runpy, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'foxhunt'):\n"
+        "            raise ImportError(f'{name} is blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    out = tmp_path / "blocked.parquet"
+    args = [str(CONSUMER), str(futures.export), str(futures.data), str(out), "--all-windows"]
+    done = subprocess.run(
+        [sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    code, _, stderr = consumer(
+        futures.export, futures.data, tmp_path / "here.parquet", "--all-windows"
+    )
+    assert code == 0, stderr
+    assert pq.read_table(out).equals(pq.read_table(tmp_path / "here.parquet"))
+
+
+def test_consumer_bad_input_is_one_line(plain, tmp_path):
+    tail = pq.read_table(plain.data)
+    renamed = tail.set_column(
+        tail.schema.get_field_index("symbol"),
+        "symbol",
+        pa.array(["CCC" if s == "BBB" else s for s in tail["symbol"].to_pylist()]),
+    )
+    cases = {
+        "unknown instruments": (renamed, "instruments unknown to the model: CCC"),
+        "a missing column": (tail.drop_columns(["f2"]), "missing column(s) f2"),
+    }
+    for name, (table, message) in cases.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path)
+        code, _, stderr = consumer(plain.export, path, tmp_path / "out.parquet")
+        assert code == 2 and stderr.count("\n") == 1 and message in stderr, (name, stderr)
+    code, _, stderr = consumer(plain.export, plain.data, plain.data)
+    assert code == 2 and "is the input data" in stderr
+    changed = Path(shutil.copytree(plain.export, tmp_path / "changed"))
+    (changed / ONNX_FILE).write_bytes(b"")
+    code, _, stderr = consumer(changed, plain.data, tmp_path / "out.parquet")
+    assert code == 2 and "is not the one model.json describes" in stderr
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def test_export_errors_are_one_line(plain, tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / JSON_FILE).write_text("{}")
+    cases = [
+        ([f"ckpt_path={tmp_path / 'missing.ckpt'}"], "checkpoint not found"),
+        ([f"ckpt_path={garbage}"], "refused to load"),
+        ([], "ckpt_path is required"),
+        ([f"ckpt_path={plain.ckpt}", "export.opset=17"], "export.opset must be 18 or later"),
+        ([f"ckpt_path={plain.ckpt}", "export.opset=x"], "could not be converted to Integer"),
+        ([f"ckpt_path={plain.ckpt}", f"export.out={taken}"], "holds model.json already"),
+    ]
+    for args, message in cases:
+        code, _, stderr = run_script("export.py", *args, f"hydra.run.dir={tmp_path / 'run'}")
+        assert code == 2 and stderr.count("\n") == 1, (args, stderr)
+        assert stderr.startswith("error: ") and message in stderr, (args, stderr)
+    assert (taken / JSON_FILE).read_text() == "{}"  # not overwritten
+    assert export_dir(taken, overwrite=True) == taken.resolve()
+    qat = SimpleNamespace(precision={"name": "int8"}, model=torch.nn.Linear(1, 1))
+    with pytest.raises(ExportError, match="export the int8 export its run wrote beside it"):
+        exportable(qat, plain.ckpt)
+
+
+@torch.library.custom_op("foxhunt_test::opaque", mutates_args=())
+def _opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op torch.export captures and no ONNX translation exists for."""
+    return x.clone()
+
+
+@_opaque.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_model_that_cannot_export_names_the_op(plain, tmp_path, monkeypatch):
+    forward = TemporalFusionTransformer.forward
+    monkeypatch.setattr(
+        TemporalFusionTransformer, "forward", lambda self, x: _opaque(forward(self, x))
+    )
+    code, _, stderr = run_script(
+        "export.py", f"ckpt_path={plain.ckpt}", f"export.out={tmp_path / 'out'}"
+    )
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "op foxhunt_test.opaque.default has no ONNX translation" in stderr
+    assert not (tmp_path / "out" / ONNX_FILE).exists()
+
+
+def test_an_export_onnx_runtime_disagrees_with_is_refused(plain, tmp_path, monkeypatch):
+    """What went wrong in other TFT exports: a graph that runs, and forecasts wrong. Here the
+    exported variable selection misses its last chunk of variables."""
+    chunks = fused_vsn._export_chunks
+    monkeypatch.setattr(fused_vsn, "_export_chunks", lambda n, h: chunks(n, h)[:-1] or chunks(n, h))
+    monkeypatch.setattr(fused_vsn, "EXPORT_ROW_ELEMENTS", 2)  # one variable a chunk
+    with pytest.raises(ExportError, match="differ from the PyTorch model's by"):
+        export_onnx(plain.ckpt, tmp_path / "out")
+    assert not (tmp_path / "out" / JSON_FILE).exists()
+
+
+def test_the_inference_path_of_the_fused_vsn():
+    """Without gradients the fused variable selection runs its forward without the autograd
+    Function: the same numbers; under torch.export its chunks follow from the weights alone."""
+    g = torch.Generator().manual_seed(0)
+    n, dh, h, rows = 6, 3, 4, 10
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    s = torch.softmax(r(rows, n), -1)
+    args = [r(rows, n), s, r(n, dh), r(n, dh), r(n, dh, dh), r(n, dh), r(n, dh, 2 * h)]
+    args += [r(n, 2 * h), r(n, h), r(n, h), (r(n, h), r(n, h)), (r(n, h), r(n, h))]
+    weights = [a for a in args[2:] if isinstance(a, torch.Tensor)]
+    with torch.no_grad():
+        plain_out = fused_vsn.selected_grns(*args, dropout=0.0)
+    for w in weights:
+        w.requires_grad_()
+    function_out = fused_vsn.selected_grns(*args, dropout=0.0)  # through _SelectedGRNs
+    assert torch.equal(plain_out, function_out.detach())
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.compiler, "is_exporting", lambda: True)
+        mp.setattr(fused_vsn, "EXPORT_ROW_ELEMENTS", 16)  # two variables a chunk
+        exported = fused_vsn.selected_grns(*args, dropout=0.0)
+        assert fused_vsn._export_chunks(n, h) == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    torch.testing.assert_close(exported, plain_out, rtol=1e-12, atol=1e-12)
+
+
+# --- the consumer's port of foxhunt's data path ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def port() -> dict:
+    """examples/onnx_predict.py's functions (it is a script, not a module of the package)."""
+    return runpy.run_path(str(CONSUMER))
+
+
+def test_the_consumer_derives_the_features_as_foxhunt(port, es_sample):
+    """Every feature family, also those the default model leaves out (momentum, the extension
+    grid's windows), equal to foxhunt.data.features' to the bit."""
+    table = pq.read_table(es_sample).slice(0, 1500)  # one contract
+    t = pc.cast(table["timestamp"], pa.int64()).to_numpy()
+    cols = {c: table[c].to_numpy().astype(np.float64) for c in OHLCV_FIELDS}
+    spec = ohlcv_spec(momentum_windows=(4, 16), num_features=60)
+    want = derive_features(t, *(cols[c] for c in OHLCV_FIELDS), spec)
+    bars = port["Ohlcv"](t, cols, {c: c for c in OHLCV_FIELDS})
+    observed, known = feature_plan(spec)
+    assert {fam for fam, _ in observed} == {"logret", "rvol", "volz", "range", "clv", "mom"}
+    for fam, w in observed:
+        got = bars.feature(fam, w)
+        np.testing.assert_array_equal(got, want.observed[f"{fam}_{w}"].astype(np.float64))
+    np.testing.assert_array_equal(bars.feature("log_return", 1), want.target.astype(np.float64))
+    for name in known:
+        np.testing.assert_array_equal(port["calendar"](t, name), want.known[name])
+
+
+@pytest.mark.parametrize("policy", ["ffill", "drop"])
+def test_the_consumer_applies_the_nan_policy_as_foxhunt(port, policy):
+    rng = np.random.default_rng(0)
+    cols = {c: rng.normal(size=50) for c in ("a", "b")}
+    cols["a"][[0, 7, 8]] = np.nan
+    cols["b"][[20, 49]] = np.inf
+    want, keep = _handle_non_finite({c: v.copy() for c, v in cols.items()}, policy, "X")
+    got = dict(cols)
+    kept = port["non_finite"](got, policy, "X")
+    np.testing.assert_array_equal(kept, keep)
+    for c in cols:
+        np.testing.assert_array_equal(got[c][kept], want[c])
+
+
+@pytest.mark.parametrize(
+    ("rule", "adjust"),
+    [("volume", "ratio"), ("days_before_expiry", "difference"), ("fixed", "none")],
+)
+def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
+    cfg = OmegaConf.structured(
+        DataConfig(path=str(es_sample), group_column="symbol", features="ohlcv")
+    )
+    cfg.futures.enabled = True
+    cfg.futures.roll.rule, cfg.futures.roll.adjust = rule, adjust
+    cfg.futures.roll.dates = ["2026-03-12T14:00"]
+    table = pq.read_table(es_sample)
+    want, rolls = continuous_table(table, cfg)
+    assert len(rolls) == 1
+    got = port["continuous"](table, data_section(cfg, describe(cfg)))
+    assert got.equals(want)
+
+
+def test_rows_to_forecast_of_a_contract_forecast_its_root_as_predict_py(futures, tmp_path):
+    """Bars to forecast after the last contract's last bar (an empty close): ES's forecast at
+    their times, from the consumer as from predict.py."""
+    table = pq.read_table(futures.data)
+    t = table["timestamp"].cast(pa.int64()).to_numpy()
+    last = int(t.max())
+    contract = table["symbol"][int(np.argmax(t))].as_py()
+    times = last + 300 * 10**9 * np.arange(1, H + 1)
+    ahead = {field.name: pa.nulls(H, field.type) for field in table.schema}
+    ahead["timestamp"] = pa.array(times).cast(table.schema.field("timestamp").type)
+    ahead["symbol"] = pa.array([contract] * H).cast(table.schema.field("symbol").type)
+    data = tmp_path / "ahead.parquet"
+    pq.write_table(pa.concat_tables([table, pa.table(ahead, schema=table.schema)]), data)
+    code, _, stderr = run_script(
+        "predict.py",
+        f"ckpt_path={futures.ckpt}",
+        f"data.path={data}",
+        f"predict.out={tmp_path / 'predict.parquet'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert code == 0, stderr
+    want = pq.read_table(tmp_path / "predict.parquet")
+    assert want["instrument"].to_pylist() == ["ES"] * H
+    assert want["target_time"].cast(pa.int64()).to_pylist() == times.tolist()
+    code, _, stderr = consumer(futures.export, data, tmp_path / "onnx.parquet")
+    assert code == 0, stderr
+    _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
