@@ -52,17 +52,13 @@ def test_busy_time_counts_the_process_s_cpus_only(tmp_path):
 def test_threads_follow_the_cpus_the_others_leave(monkeypatch, restore_threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "usable_cpus", lambda: 4)
-    samples = iter(
-        [
-            (0.0, 0.0, 0.0),  # (wall, busy, own) seconds
-            (1.0, 4.0, 3.9),  # quiet: the others used 0.1 CPU
-            (1.2, 5.0, 4.7),  # too soon: no new look
-            (2.0, 7.9, 3.9),  # others used 3.9 CPUs: one thread left
-            (3.0, 10.9, 4.9),  # others used 2: two threads
-            (4.0, 14.9, 8.9),  # quiet again: all four
-        ]
-    )
-    monkeypatch.setattr(threads.CpuShare, "_sample", lambda self: next(samples))
+    # (wall, busy, own) seconds at each look; 1.2 s is too soon after 1.0: the clock alone
+    walls = iter([0.0, 1.0, 1.2, 2.0, 3.0, 4.0])
+    busy = iter([0.0, 4.0, 7.9, 10.9, 14.9])  # quiet: the others used 0.1 CPU; then 3.9, 2, 0
+    own = iter([0.0, 3.9, 3.9, 4.9, 8.9])
+    monkeypatch.setattr(threads, "clock", lambda: next(walls))
+    monkeypatch.setattr(threads, "busy_seconds", lambda cpus: next(busy))
+    monkeypatch.setattr(threads, "own_seconds", lambda: next(own))
     torch.set_num_threads(4)
     share = threads.CpuShare(interval_s=0.5)
     got = [share.update() for _ in range(5)]

@@ -31,6 +31,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+clock = time.monotonic  # seconds (a test replaces it)
+
 
 def off() -> bool:
     """FOXHUNT_THREADS=off, or threads the user (or the launcher) set."""
@@ -101,8 +103,9 @@ class CpuShare:
         self._last = self._sample()
         self.changes = 0  # how often the thread count changed
 
-    def _sample(self) -> tuple[float, float | None, float]:
-        return time.monotonic(), busy_seconds(self.affinity), own_seconds()
+    def _sample(self, wall: float | None = None) -> tuple[float, float | None, float]:
+        wall = clock() if wall is None else wall
+        return wall, busy_seconds(self.affinity), own_seconds()
 
     def others(self, before: tuple, now: tuple) -> float | None:
         """CPUs the other processes kept busy between two samples."""
@@ -114,9 +117,10 @@ class CpuShare:
     def update(self) -> int:
         """The thread count now, changed if the others' load changed (at most every
         `interval_s`)."""
-        now = self._sample()
-        if now[0] - self._last[0] < self.interval_s:
+        wall = clock()
+        if wall - self._last[0] < self.interval_s:  # the clock alone: no read of /proc/stat
             return self.threads
+        now = self._sample(wall)
         others = self.others(self._last, now)
         self._last = now
         if others is None:
