@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
 from foxhunt.data.read import Loaded, bar_step, futures_enabled, load, timeline
-from foxhunt.data.schema import DataSchema, constant_features, drop_features
+from foxhunt.data.schema import DataSchema, constant_features, drop_features, found_schema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
     SPLITS,
@@ -225,25 +225,8 @@ class ParquetDataModule(L.LightningDataModule):
             ]
         )
         train = inputs[train_rows]
-        mean, std = mean_std(train)
-        if loaded.target_kind == "return":
-            mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
-        smean, sstd = mean_std(statics)
-        found = {
-            "observed": loaded.observed,
-            "known": loaded.known,
-            "static": loaded.static,
-            "groups": [s.name for s in series] if cfg.group_column else [],
-            "target": loaded.target,
-            "target_kind": loaded.target_kind,
-            "encoder_length": cfg.encoder_length,
-            "prediction_length": cfg.prediction_length,
-            "input_mean": mean.tolist(),
-            "input_std": std.tolist(),
-            "static_mean": smean.tolist(),
-            "static_std": sstd.tolist(),
-            "skipped": loaded.skipped,
-        }
+        names = [s.name for s in series]
+        found = found_schema(loaded, cfg, names, *mean_std(train), statics)
         constant = np.zeros(inputs.shape[1], bool)
         if len(train):
             constant = train.min(axis=0) == train.max(axis=0)

@@ -7,11 +7,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from foxhunt.data.columns import column_plan
 from foxhunt.data.read import instrument_names
 from foxhunt.data.source import ensure_sample, open_dataset
+from foxhunt.data.splits import mean_std
 from foxhunt.errors import CheckpointError
 
 
@@ -94,6 +96,33 @@ class DataSchema:
 
 
 CONSTANT = "constant over the training split"
+
+
+def found_schema(
+    loaded: Any, cfg: Any, names: list[str], mean: np.ndarray, std: np.ndarray, statics: np.ndarray
+) -> dict[str, Any]:
+    """The schema dict of every column the data gives (`loaded`'s, by role; instruments
+    `names`), with the training split's input `mean` and `std` (a return target's mean set to
+    0: zero stays zero after scaling) and the statistics of the instruments' `statics`."""
+    mean = np.array(mean, dtype=np.float64)
+    if loaded.target_kind == "return":
+        mean[0] = 0.0
+    static_mean, static_std = mean_std(statics)
+    return {
+        "observed": loaded.observed,
+        "known": loaded.known,
+        "static": loaded.static,
+        "groups": names if cfg.group_column else [],
+        "target": loaded.target,
+        "target_kind": loaded.target_kind,
+        "encoder_length": cfg.encoder_length,
+        "prediction_length": cfg.prediction_length,
+        "input_mean": mean.tolist(),
+        "input_std": np.asarray(std).tolist(),
+        "static_mean": static_mean.tolist(),
+        "static_std": static_std.tolist(),
+        "skipped": loaded.skipped,
+    }
 
 
 def constant_features(found: dict[str, Any], constant: Any) -> dict[str, str]:

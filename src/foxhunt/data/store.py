@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 
 from foxhunt.data.columns import model_inputs, resolve_columns
 from foxhunt.data.read import timeline
-from foxhunt.data.schema import drop_features
+from foxhunt.data.schema import drop_features, found_schema
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import (
     SPLITS,
@@ -52,7 +52,6 @@ from foxhunt.data.splits import (
     as_float32,
     calendar_cuts,
     check_normalized,
-    mean_std,
     normalized_statics,
     split_record,
     split_starts,
@@ -270,25 +269,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict, np.ndarray], dict]) 
             statics.append(s.static)
     shutil.rmtree(folder / "spill", ignore_errors=True)
 
-    mean, std = moments.mean_std()
-    if loaded.target_kind == "return":
-        mean[0] = 0.0  # keep the sign of a return: zero stays zero after scaling
-    static_mean, static_std = mean_std(np.stack(statics))
-    found = {
-        "observed": loaded.observed,
-        "known": loaded.known,
-        "static": loaded.static,
-        "groups": names if cfg.group_column else [],
-        "target": loaded.target,
-        "target_kind": loaded.target_kind,
-        "encoder_length": cfg.encoder_length,
-        "prediction_length": cfg.prediction_length,
-        "input_mean": mean.tolist(),
-        "input_std": std.tolist(),
-        "static_mean": static_mean.tolist(),
-        "static_std": static_std.tolist(),
-        "skipped": loaded.skipped,
-    }
+    found = found_schema(loaded, cfg, names, *moments.mean_std(), np.stack(statics))
     schema = resolve(found, moments.constant())
     keep = drop_features(found, schema["dropped"])[1]
     group_of_series, static = normalized_statics(schema, names, statics)
