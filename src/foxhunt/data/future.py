@@ -3,7 +3,6 @@ bars to forecast, and their known-future inputs the model's decoder takes."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ from foxhunt.data.read import (
     futures_enabled,
     group_codes,
     root_column,
+    root_of,
     stack_columns,
     time_ns_of,
 )
@@ -75,8 +75,7 @@ def _by_root(
         if column:
             root = str(after[column].filter(pa.array(codes == g))[0].as_py())
         else:
-            match = re.match(cfg.futures.root_pattern, str(contract))
-            root = match["root"] if match else str(contract)
+            root = root_of(str(contract), cfg.futures.root_pattern)
         roots.setdefault(root, []).append(contract)
     several = {r: c for r, c in roots.items() if len(c) > 1}
     if several:

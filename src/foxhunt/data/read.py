@@ -373,8 +373,14 @@ def instrument_names(dataset: pads.Dataset, cfg: Any) -> list[str]:
     names = group_names(dataset, cfg.group_column)
     if not futures_enabled(cfg):
         return names
-    pattern = cfg.futures.root_pattern
-    return sorted({m["root"] if (m := re.match(pattern, n)) else n for n in names})
+    return sorted({root_of(n, cfg.futures.root_pattern) for n in names})
+
+
+def root_of(contract_id: str, pattern: str) -> str:
+    """A contract id's root by data.futures.root_pattern (the id itself where it does not
+    match: `foxhunt.data.futures` names the ids that do not parse)."""
+    found = re.match(pattern, contract_id)
+    return found["root"] if found else contract_id
 
 
 def stack_columns(columns: list[np.ndarray], rows: int) -> np.ndarray:
