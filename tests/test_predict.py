@@ -129,10 +129,15 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
         np.testing.assert_array_equal(_ns(got, "target_time"), tail["timestamp"][dec])
 
     # quantiles that cross are sorted: a head emitting them in reverse order gives the same
-    head = predictor.model.output_layer
+    head, highway = predictor.model.output_layer, predictor.model.highway
     with torch.no_grad():
         head.weight.copy_(head.weight.flip(0))
         head.bias.copy_(head.bias.flip(0))
+        if highway is not None:  # its quantiles too: [horizon x quantile, inputs]
+            for p in (highway.last_row.weight, highway.last_row.bias):
+                p.copy_(p.view(H, len(QUANTILES), -1).flip(1).view_as(p))
+            if highway.known is not None:
+                highway.known.weight.copy_(highway.known.weight.flip(0))
     assert predictor.predict(trained.tail_path).equals(table)
 
     # without the training run's config, one derived from the checkpoint's schema (plus the

@@ -161,6 +161,8 @@ class ModelConfig:
     dropout: float = 0.1
     variable_dim: int = 16  # width of each variable's own network (pf: hidden_continuous_size)
     quantiles: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    # a linear forecast of the last inputs added to the quantiles (foxhunt.models.blocks.Highway)
+    highway: bool = True
     # torch.compile the model (inductor); not part of the architecture, so resume may toggle it
     compile: bool = False
 
@@ -174,6 +176,11 @@ class OptimConfig:
     # the schedule's length in epochs; None: trainer.max_epochs. Set it to stop early and
     # resume later on the same schedule (train 2 of 4 epochs, resume to 4 = 4 straight).
     schedule_epochs: int | None = None
+    # the schedule's length in optimizer steps, rounded up to whole epochs (so its end is
+    # validated), where training ends: trainer.max_epochs is then a ceiling (the schedule spans
+    # it when it is lower) and early stopping may end it sooner; None: trainer.max_epochs
+    # (or schedule_epochs, which wins)
+    schedule_steps: int | None = None
 
 
 @dataclass
@@ -363,6 +370,10 @@ def validate(cfg: Any) -> None:
     _check(
         o.schedule_epochs is None or o.schedule_epochs > 0,
         f"optim.schedule_epochs must be positive or null, got {o.schedule_epochs}",
+    )
+    _check(
+        o.schedule_steps is None or o.schedule_steps > 0,
+        f"optim.schedule_steps must be positive or null, got {o.schedule_steps}",
     )
     _check(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
     _check(

@@ -123,6 +123,7 @@ def _from_export(
             "it): predict from the checkpoint it came from (best-*.ckpt beside it)"
         )
     model_cfg = {k: meta["init"][k] for k in MODEL_KEYS}
+    model_cfg["highway"] = meta["init"].get("highway", False)  # exports before it have none
     schema = DataSchema.from_dict(meta["schema"])
     if path.suffix == ".safetensors" and meta.get("format") != INT8_FORMAT:
         return load_weights(path)[0], schema, model_cfg, False

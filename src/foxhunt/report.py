@@ -596,6 +596,14 @@ def _interpretation_section(interpretation: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _horizon_line(h: dict[str, Any]) -> str:
+    """ "horizon 1: IC +0.123 (t 4.5), skill +1.2%": one step's figures, apart from the pool."""
+    t = "n/a" if h.get("ic_t") is None else f"{h['ic_t']:.1f}"
+    line = f"horizon {h['horizon']}: IC " + ("n/a" if h.get("ic") is None else f"{h['ic']:+.3f}")
+    line += f" (t {t})"
+    return line + ("" if h.get("skill") is None else f", skill {h['skill']:+.1%}")
+
+
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
     """What a person reads at the end of a run, before its JSON line: the test loss and the
     skill against the strongest baseline (per instrument too), direction against its base rate,
@@ -626,6 +634,9 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     if m.get("ic") is not None:
         t = f"{m['ic_t']:.1f}" if m.get("ic_t") is not None else "n/a"
         lines.append(f"IC {m['ic']:+.3f} (t {t}), rank IC {m['rank_ic']:+.3f}")
+    horizons = [_horizon_line(h) for h in m.get("horizons") or []]
+    if horizons:
+        lines.append("; ".join(horizons))
     strategy = summary.get("strategy") or {}
     if strategy.get("sharpe") is not None:
         hold = strategy["buy_and_hold"].get("sharpe")

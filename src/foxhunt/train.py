@@ -59,7 +59,12 @@ from foxhunt.training.checkpoint_io import (
     export_weights,
     read_checkpoint_hparams,
 )
-from foxhunt.training.checkpointing import BestCheckpoint, GracefulInterrupt, LatestCheckpoint
+from foxhunt.training.checkpointing import (
+    BestCheckpoint,
+    GracefulInterrupt,
+    LatestCheckpoint,
+    TrainingOutcome,
+)
 from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import (
     ModelHparams,
@@ -231,7 +236,9 @@ def train(
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
     interrupt = GracefulInterrupt(run_dir / "checkpoints")
-    callbacks: list[L.Callback] = [*memory, interrupt, *configured, latest, *extra_callbacks]
+    outcome = TrainingOutcome(cfg.callbacks.get("monitor", "val_loss"))
+    callbacks: list[L.Callback] = [*memory, interrupt, *configured, latest, outcome]
+    callbacks += extra_callbacks
     callbacks.append(ShareCpus())  # intra-op threads: the CPUs other processes leave free
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
@@ -279,6 +286,7 @@ def train(
             latest.best_model_path,
             checkpoint.best_model_score,
         )
+        ended = outcome.outcome(trainer)
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
 
     summary = {
@@ -288,6 +296,7 @@ def train(
         "best_checkpoint": best,
         "last_checkpoint": last,
         "epochs": trainer.current_epoch,
+        "training": ended,
         "global_step": trainer.global_step,
         "batch_size": datamodule.batch_size,  # per process
         "global_batch_size": datamodule.batch_size * trainer.world_size,

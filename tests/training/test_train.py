@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.splits import iso_time
@@ -261,3 +262,53 @@ def test_compiled_model_trains_and_resumes_eager(tmp_path, table_path):
         tmp_path / "b",
     )
     assert resumed["epochs"] == 2
+
+
+def test_early_stopping_ends_on_the_best_epochs_weights(tmp_path, table_path):
+    # y is a random walk of noise: the validation loss soon stops improving
+    overrides = tiny_overrides(
+        table_path, "trainer.max_epochs=12", "callbacks.early_stopping_patience=2", "optim.lr=1e-2"
+    )
+    summary = train(compose_train(*overrides), tmp_path / "run")
+
+    training = summary["training"]
+    scores = training["val_loss"]
+    assert training["stopped"] == "early_stopping" and not training["still_improving"]
+    assert summary["epochs"] < 12 and len(scores) == summary["epochs"]
+    best = training["best_epoch"]
+    assert scores[best] == min(scores) and best == summary["epochs"] - 1 - 2  # patience 2
+    assert f"best-epoch{best}-" in Path(summary["best_checkpoint"]).name
+    # the model the run ends with (tested and exported) is that epoch's, bit for bit
+    ckpt = torch.load(summary["best_checkpoint"], map_location="cpu", weights_only=True)
+    exported = load_file(summary["export"])
+    own = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
+    assert exported.keys() <= own.keys() and exported
+    assert all(torch.equal(v, own[k]) for k, v in exported.items())
+    last = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=True)
+    assert any(not torch.equal(v, last["state_dict"]["model." + k]) for k, v in exported.items())
+
+
+def test_a_run_stopped_at_the_ceiling_while_improving_says_so(tmp_path, table_path):
+    summary = train(compose_train(*tiny_overrides(table_path)), tmp_path / "run")
+    training = summary["training"]
+    scores = training["val_loss"]
+    assert training["stopped"] == "max_epochs" and len(scores) == 2
+    assert training["still_improving"] == (scores[1] < scores[0])
+
+
+def test_the_schedule_sized_in_steps_ends_the_training(tmp_path, table_path):
+    overrides = tiny_overrides(
+        table_path,
+        "trainer.max_epochs=50",
+        "optim.schedule_steps=45",
+        "+callbacks.lr_monitor._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+    )
+    summary = train(compose_train(*overrides), tmp_path / "run")
+    # rounded up to whole epochs, so the schedule's end is validated
+    batches = summary["global_step"] // summary["epochs"]
+    assert summary["epochs"] == -(-45 // batches) > 1
+    assert summary["training"]["stopped"] == "schedule" and len(summary["training"]["val_loss"])
+    # the cosine reached its end there: the last step's learning rate is (nearly) zero
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        rates = [float(r["lr-AdamW"]) for r in csv.DictReader(f) if r.get("lr-AdamW")]
+    assert rates and rates[-1] < 0.02 * max(rates)

@@ -104,6 +104,21 @@ def evaluate(
     if set(theirs) <= set(table.column_names):
         rest = table.drop_columns(list(theirs.values()))
         baseline = rest.rename_columns([theirs.get(c, c) for c in rest.column_names])
+        their_pred = np.stack([_column(table, c, h) for c in theirs], axis=-1) / scale[..., None]
+        ours = stats.pinball_by_horizon(norm_pred, norm_y, q)
+        for row, loss, best in zip(
+            evaluation["by_horizon"],
+            ours,
+            stats.pinball_by_horizon(their_pred, norm_y, q),
+            strict=True,
+        ):
+            row |= {"loss": loss, "baseline_loss": best, "skill": 1 - loss / best if best else None}
+    # a signal at one horizon disappears in a pool of them: the first and the last, apart
+    rows = evaluation["by_horizon"]
+    metrics["horizons"] = [
+        {k: row.get(k) for k in ("horizon", "ic", "ic_t", "rank_ic", "skill")}
+        for row in rows[:1] + rows[1:][-1:]
+    ]
     try:
         results = compare(table, rule, cost_bps, target_kind, baseline=baseline)
     except DataError as why:  # a level that is not a price (no returns): no strategy

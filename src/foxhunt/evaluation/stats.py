@@ -184,6 +184,11 @@ def pinball_per_quantile(pred: np.ndarray, y: np.ndarray, quantiles: np.ndarray)
     return pinball.reshape(-1, pinball.shape[-1]).mean(axis=0)
 
 
+def pinball_by_horizon(pred: np.ndarray, y: np.ndarray, quantiles: np.ndarray) -> list[float]:
+    """The mean pinball loss at each horizon step, pred [windows, H, Q] against y [windows, H]."""
+    return _pinball(pred, y, np.asarray(quantiles, dtype=np.float64)).mean(axis=(0, 2)).tolist()
+
+
 def crps_from_quantiles(pred: np.ndarray, y: np.ndarray, quantiles: np.ndarray) -> float:
     """The CRPS approximated from quantile forecasts pred [..., Q] of y [...]: twice the mean
     pinball loss over the levels (CRPS = 2 * integral over levels of the pinball loss; the

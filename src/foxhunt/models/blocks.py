@@ -371,3 +371,24 @@ class InterpretableMultiHeadAttention(nn.Module):
         # pytorch-forecasting drops out each head's output (not the attention probabilities).
         output = self.dropout(heads).mean(dim=1)
         return self.dropout(self.w_h(output)), mean_attention
+
+
+class Highway(nn.Module):
+    """A linear forecast added to the quantile outputs: of the encoder's last row of inputs, one
+    weight per horizon step and quantile, plus of each decoder step's known inputs, one weight
+    per quantile (LSTNet's autoregressive highway, Lai et al. 2018). Starts at zero."""
+
+    def __init__(self, num_inputs: int, num_known: int, horizon: int, num_quantiles: int) -> None:
+        super().__init__()
+        self.horizon = horizon
+        self.last_row = nn.Linear(num_inputs, horizon * num_quantiles)
+        self.known = nn.Linear(num_known, num_quantiles, bias=False) if num_known else None
+        for layer in (self.last_row, self.known):
+            if layer is not None:
+                nn.init.zeros_(layer.weight)
+        nn.init.zeros_(self.last_row.bias)
+
+    def forward(self, last_row: Tensor, decoder_known: Tensor) -> Tensor:
+        """last_row [B, inputs], decoder_known [B, H, known] -> [B, H, Q]."""
+        out = self.last_row(last_row).unflatten(-1, (self.horizon, -1))  # no fixed batch
+        return out if self.known is None else out + self.known(decoder_known)

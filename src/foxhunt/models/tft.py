@@ -18,6 +18,7 @@ from foxhunt.errors import ConfigError
 from foxhunt.models.blocks import (
     GateAddNorm,
     GatedResidualNetwork,
+    Highway,
     InterpretableMultiHeadAttention,
     VariablePrescaler,
     VariableSelectionNetwork,
@@ -35,6 +36,13 @@ class TemporalFusionTransformer(nn.Module):
 
     A relative time index is appended as the last known variable, so the encoder selects among
     ``num_observed + num_known + 1`` variables and the decoder among ``num_known + 1``.
+
+    ``highway`` (not in Lim et al.) adds a linear forecast to every quantile output: of the
+    encoder's last row of inputs per horizon step, and of each decoder step's known inputs
+    (LSTNet's autoregressive highway, Lai et al. 2018). Every input reaches the TFT's body through
+    per-variable LayerNorms and gates, which bound its embedding: a forecast linear in an
+    input's size (an AR(1) return, a predictive column) is then slow to learn (docs/model.md
+    measures it). Zero at initialisation, so training starts from the plain TFT.
     """
 
     def __init__(
@@ -51,6 +59,7 @@ class TemporalFusionTransformer(nn.Module):
         dropout: float = 0.1,
         variable_dim: int = 16,
         quantiles: Sequence[float] = (0.1, 0.5, 0.9),
+        highway: bool = False,
     ) -> None:
         super().__init__()
         if min(num_observed, num_known, num_static_real) < 0:
@@ -125,6 +134,11 @@ class TemporalFusionTransformer(nn.Module):
 
         # Quantile outputs (sec. 4.6).
         self.output_layer = nn.Linear(h, len(self.quantiles))
+        self.highway = (
+            Highway(num_observed + num_known, num_known, prediction_length, len(self.quantiles))
+            if highway
+            else None
+        )
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -213,6 +227,8 @@ class TemporalFusionTransformer(nn.Module):
         output = self.pos_wise_ff(output)
         output = self.pre_output_gate_norm(output, lstm_output[:, enc_len:])
         prediction = self.output_layer(output)
+        if self.highway is not None:
+            prediction = prediction + self.highway(encoder_cont[:, -1], decoder_known)
 
         if not need_weights:
             return prediction, {}

@@ -10,7 +10,8 @@ fused variable selection folds and stacks them), so here:
   gets a weight fake-quant (int8, symmetric, per output channel; per variable and channel for the
   stacked ones) as a parametrization, so every use of `.weight` sees the quantized values;
 - every `nn.Linear` called as a module also fake-quantizes its input (uint8, per tensor);
-- the quantile head, the input prescalers and the LSTMs stay float during training.
+- the quantile head (and the highway beside it), the input prescalers and the LSTMs stay float
+  during training.
 The configs are symmetric with no reduce_range, so the fake-quant ranges are those of the export.
 
 Export (`export_int8`, a safetensors file with JSON metadata: no pickle) stores every
@@ -147,7 +148,8 @@ def _quantized_weights(model: nn.Module) -> list[tuple[str, nn.Module, bool]]:
     """(name, module, stacked) of every weight QAT covers."""
     out = []
     for name, module in model.named_modules():
-        if name == "output_layer" or name.startswith("lstm_"):
+        # the heads stay float: the output layer, and the highway beside it (a few weights)
+        if name == "output_layer" or name.startswith(("lstm_", "highway")):
             continue
         if isinstance(module, nn.Linear):
             out.append((name, module, False))

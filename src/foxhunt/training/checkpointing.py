@@ -133,3 +133,61 @@ def early_stopping(monitor: str, patience: int | None) -> EarlyStopping | None:
     """Lightning's EarlyStopping (minimising `monitor`), or none while `patience` is None: what
     `callbacks.early_stopping_patience` switches on (conf/callbacks/default.yaml)."""
     return None if patience is None else EarlyStopping(monitor, patience=patience, mode="min")
+
+
+class TrainingOutcome(L.Callback):
+    """Every epoch's validation score (kept in the checkpoint, so across resumes) and how the
+    training ended: stopped early, or at the epoch ceiling, and then whether it still improved
+    (its last epoch the best): summary.json's `training`."""
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor
+        self.scores: list[list[float]] = []  # [epoch, score]; lists load weights-only
+        self.ceiling: int | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # before optim.schedule_steps sets the epochs the schedule ends at (TFTModule)
+        self.ceiling = trainer.max_epochs
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        score = trainer.callback_metrics.get(self.monitor)
+        if trainer.sanity_checking or score is None:
+            return
+        epoch = trainer.current_epoch
+        self.scores = [s for s in self.scores if s[0] != epoch] + [[epoch, float(score)]]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scores": self.scores}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scores = [list(s) for s in state_dict.get("scores", [])]
+
+    def outcome(self, trainer: L.Trainer) -> dict[str, Any]:
+        """How the fit ended: `stopped` (early_stopping, schedule: its end, max_epochs: the
+        ceiling, or other), the best epoch,
+        whether it was still improving at the ceiling, and the scores by epoch."""
+        early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+        if early is not None and early.stopped_epoch > 0:
+            stopped = "early_stopping"
+        elif self.ceiling is not None and trainer.current_epoch >= self.ceiling:
+            stopped = "max_epochs"
+        elif trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs:
+            stopped = "schedule"  # its end (optim.schedule_steps)
+        else:
+            stopped = "other"  # max_steps, max_time, an interrupt
+        best = min(self.scores, key=lambda s: s[1]) if self.scores else None
+        improving = stopped == "max_epochs" and best is not None and best is self.scores[-1]
+        if improving:
+            log.warning(
+                "training stopped at trainer.max_epochs=%d with %s still improving (its best "
+                "is the last epoch's): a higher ceiling may train a better model",
+                trainer.max_epochs,
+                self.monitor,
+            )
+        return {
+            "stopped": stopped,
+            "best_epoch": None if best is None else int(best[0]),
+            "still_improving": improving,
+            "patience": None if early is None else early.patience,
+            self.monitor: [s[1] for s in self.scores],
+        }

@@ -41,6 +41,7 @@ class ModelHparams(TypedDict):
     dropout: float
     variable_dim: int
     quantiles: list[float]
+    highway: NotRequired[bool]
     compile: NotRequired[bool]
 
 
@@ -52,6 +53,7 @@ class OptimHparams(TypedDict):
     schedule: str  # cosine | onecycle | none
     warmup_fraction: float
     schedule_epochs: int | None
+    schedule_steps: NotRequired[int | None]
     gradient_clip_val: NotRequired[float | None]
 
 
@@ -79,6 +81,7 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "dropout": model["dropout"],
         "variable_dim": model["variable_dim"],
         "quantiles": list(model["quantiles"]),
+        "highway": model.get("highway", False),  # checkpoints before it have none
     }
 
 
@@ -283,9 +286,18 @@ class TFTModule(L.LightningModule):
 
     def _schedule_steps(self) -> int:
         total = max(int(self.trainer.estimated_stepping_batches), 1)  # also sizes the loader
-        epochs = self.hparams.optim.get("schedule_epochs")
+        batches = max(int(self.trainer.num_training_batches), 1)
+        epochs, steps = (
+            self.hparams.optim.get("schedule_epochs"),
+            self.hparams.optim.get("schedule_steps"),
+        )
         if epochs:
-            total = epochs * max(int(self.trainer.num_training_batches), 1)
+            total = epochs * batches
+        elif steps:  # whole epochs: the schedule's end is validated and can be the best
+            needed = math.ceil(steps / batches)
+            if self.trainer.max_epochs is None or needed < self.trainer.max_epochs:
+                self.trainer.fit_loop.max_epochs = needed  # where training ends
+            total = self.trainer.max_epochs * batches
         planned = getattr(self, "_resumed_schedule_steps", None)
         if planned is not None and planned != total:
             log.warning(
