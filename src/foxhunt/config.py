@@ -88,6 +88,9 @@ class RollConfig:
     # each contract's expiry (a date or timestamp column); null: the third Friday of its month
     expiry_column: str | None = None
     adjust: RollAdjust = RollAdjust.ratio
+    # a front that expires with no roll signal: false rolls at its last bar with a warning,
+    # true is an error
+    strict: bool = False
 
 
 @dataclass
