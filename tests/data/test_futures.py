@@ -32,17 +32,10 @@ from foxhunt.errors import ConfigError, DataError
 from foxhunt.interpret import _roll_marks
 from foxhunt.report import _rolls_section
 from foxhunt.train import train
-from tests.helpers import compose_train
+from tests.helpers import DAY, PRICES, YEAR, compose_train, contracts_table, listing, ns
 from tests.test_predict import _run_cli
 
-DAY = 86_400 * 10**9
-YEAR = 365.25 * DAY
-PRICES = ("open", "high", "low", "close")
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
-
-
-def ns(day: str) -> int:
-    return int(np.datetime64(day, "ns").astype(np.int64))
 
 
 def contracts(
@@ -125,46 +118,13 @@ def test_the_expiry_roll_is_n_days_before_the_front_s_expiry():
         assert r.time_ns == front.time_ns[-1] - 7 * DAY  # daily bars: that very day
 
 
-def listing(carry: float = 0.03, seed: int = 0) -> tuple[list[Contract], np.ndarray]:
-    """Quarterly contracts of one daily price path, 2026-01-01 to 2027-11-15 (the data ends
-    mid-quarter): each listed 280 days before its expiry (3-4 months trade at once), its close
-    path x exp(carry x years to its expiry), its volume rising from 8 days before the previous
-    contract's expiry and falling from 8 days before its own (a noisy crossover)."""
-    rng = np.random.default_rng(seed)
-    start, end = ns("2026-01-01"), ns("2027-11-15")
-    t = np.arange(start, end + 1, DAY)
-    path = 5000 * np.exp(np.cumsum(rng.normal(0, 0.01, len(t))))
-    months = [(2025, 12)] + [(y, m) for y in (2026, 2027, 2028) for m in (3, 6, 9, 12)]
-    expiries = [third_friday(y, m) for y, m in months]
-    out = []
-    for (year, month), before, expiry in zip(months[1:], expiries, expiries[1:], strict=False):
-        held = (t >= expiry - 280 * DAY) & (t <= expiry)
-        if not held.any():
-            continue
-        close = path[held] * np.exp(carry * (expiry - t[held]) / YEAR)
-        rising = 1 / (1 + np.exp(-(t[held] - (before - 8 * DAY)) / (2 * DAY)))
-        falling = 1 / (1 + np.exp(-((expiry - 8 * DAY) - t[held]) / (2 * DAY)))
-        out.append(
-            Contract(
-                id=f"ES{MONTH_CODES[month - 1]}{year % 10}",
-                root="ES",
-                month=month,
-                year=year,
-                time_ns=t[held],
-                prices={p: close.copy() for p in PRICES},
-                volume=10 + 1000 * rising * falling + rng.uniform(0, 200, held.sum()),
-            )
-        )
-    return out, path
-
-
 def test_a_full_listing_s_schedule_is_online_and_its_returns_are_the_path_s():
     """3-4 months at once: a file cut at any day of a quarter (before, during and after a
     crossover) has the full file's rolls up to the cut, then holds the contract the full file
     holds at the cut; ratio-adjusted returns are the path's less the carry's roll-down."""
     carry, confirm = 0.03, 3
     cs, path = listing(carry)
-    table = as_table(cs)
+    table = contracts_table(cs)
     time_ns = table["timestamp"].cast(pa.int64()).to_numpy()
     assert (
         3
@@ -252,7 +212,7 @@ def test_an_expired_front_with_no_signal_rolls_at_its_last_bar_with_a_warning(ca
     cfg = futures_cfg("unused.parquet")
     cfg.futures.roll.strict = True  # data.futures.roll.strict=true: the error
     with pytest.raises(DataError, match="contracts ESH6 and ESM6 overlap on 40 bars but ESM6's"):
-        continuous_table(as_table(flat), cfg)
+        continuous_table(contracts_table(flat), cfg)
     with pytest.raises(ConfigError, match="open_interest_column"):
         roll_schedule(cs, "open_interest")
 
@@ -298,25 +258,11 @@ def test_a_gap_between_contracts_is_a_warning_naming_them(caplog):
     assert "ESH6 ends 21.0 days before ESM6's first bar after it" in caplog.text
 
 
-def as_table(cs: list[Contract]) -> pa.Table:
-    """Contracts as one table of OHLCV bars, one row per contract and bar, symbol = the id."""
-    return pa.table(
-        {
-            "timestamp": pa.array(
-                np.concatenate([c.time_ns for c in cs]), pa.timestamp("ns", tz="UTC")
-            ),
-            "symbol": np.concatenate([np.full(len(c.time_ns), c.id) for c in cs]),
-            **{p: np.concatenate([c.prices[p] for c in cs]) for p in PRICES},
-            "volume": np.concatenate([c.volume for c in cs]),
-        }
-    )
-
-
 def contract_file(path, contango: float = 0.02) -> tuple:
     """The three contracts as one Parquet file of daily OHLCV bars, one row per contract and
     day (the overlaps twice), symbol = the contract id."""
     cs, path_prices = contracts("ratio", contango=contango)
-    pq.write_table(as_table(cs), path)
+    pq.write_table(contracts_table(cs), path)
     return cs, path_prices
 
 
