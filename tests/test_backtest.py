@@ -384,10 +384,14 @@ def test_an_interrupted_fold_says_how_to_resume_a_backtest(tmp_path, table_path,
     )
 
 
-def test_folds_ending_mid_quarter_see_the_rolls_and_windows_a_file_ending_there_gives(tmp_path):
+@pytest.mark.parametrize("adjust", ["ratio", "difference"])
+def test_folds_ending_mid_quarter_see_the_rolls_and_windows_a_file_ending_there_gives(
+    tmp_path, adjust
+):
     """3-4 listed futures months, folds of 45 days (each ends mid-quarter, its front still
     trading, the later months listed): each fold's rolls are a prefix of the full run's, the
-    rolls of the file cut at its end, and its windows are those of that file."""
+    rolls of the file cut at its end, and its windows are those of that file (difference too:
+    its derived inputs are the ratio-adjusted series', so no later roll reaches them)."""
     table = contracts_table(listing()[0])
     full_path = tmp_path / "es.parquet"
     pq.write_table(table, full_path)
@@ -397,6 +401,7 @@ def test_folds_ending_mid_quarter_see_the_rolls_and_windows_a_file_ending_there_
         "data.known_features=[]",
         "data.futures.enabled=true",
         "data.futures.roll.confirm_bars=3",
+        f"data.futures.roll.adjust={adjust}",
     )
     cfg = compose_backtest(*tiny_overrides(full_path), *futures, "backtest.folds=4")
     cfg.backtest.test_span = 45

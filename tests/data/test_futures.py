@@ -298,11 +298,13 @@ def futures_run(path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("adjust", ["ratio", "none"])
+@pytest.mark.parametrize("adjust", ["ratio", "none", "difference"])
 def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path, adjust):
     cs, path = contract_file(tmp_path / "es.parquet")
     cfg = futures_cfg(tmp_path / "es.parquet")
-    cfg.futures.roll.adjust = adjust  # none too: a roll bar's return is never the spread
+    # none and difference too: the derived inputs and the target come from the ratio-adjusted
+    # series, so a roll bar's return is never the spread, nor a return shifted by later rolls
+    cfg.futures.roll.adjust = adjust
     dm = ParquetDataModule(cfg)
     dm.setup()
     assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known

@@ -26,8 +26,10 @@ contracts; numpy only).
   the roll (log returns then equal each contract's own bar-to-bar returns, also at the roll
   bar), `difference` adds the difference of those closes (price differences equal each
   contract's own), `none` leaves the jump in (`stitch`). A table's series (`continuous_table`)
-  feeds foxhunt's derived inputs, all ratios of prices, so there `none` is `ratio`: a roll
-  bar's return is never the spread.
+  feeds foxhunt's derived inputs and target, all ratios of prices, so there `none` and
+  `difference` are `ratio`: a roll bar's return is never the spread, and a bar's inputs never
+  depend on later rolls (a ratio is unchanged by a common scale; a difference added to prices
+  changes every ratio before the roll, so a backtest fold would see rolls after its end).
 """
 
 from __future__ import annotations
@@ -405,10 +407,11 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
         schedule = roll_schedule(
             contracts, str(f.roll.rule), f.roll.confirm_bars, f.roll.days, fixed, strict
         )
-        adjust = str(f.roll.adjust)
-        # every derived input is a ratio of prices: unadjusted, a roll bar's return would be the
-        # spread; ratio-adjusted, each is the contract's own, so `none` derives them from that
-        series = stitch(contracts, schedule, "ratio" if adjust == "none" else adjust)
+        # every derived input (and the target) is a ratio of prices: ratio-adjusted, each is
+        # the contract's own, whatever roll.adjust says; unadjusted (`none`), a roll bar's
+        # return would be the spread; difference-adjusted, every ratio before a roll would
+        # shift with the later rolls' differences (a look-ahead)
+        series = stitch(contracts, schedule, "ratio")
         pieces.append((root, series))
         rolls += series.rolls
     rows = np.concatenate([s.rows for _, s in pieces])

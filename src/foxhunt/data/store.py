@@ -61,7 +61,8 @@ from foxhunt.data.stream import stream
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 5  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
+FORMAT_VERSION = 6  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
+# 6: futures inputs from ratio-adjusted prices under roll.adjust=difference too
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
 # settings that do not change the stored rows, so a change reuses the store
