@@ -14,7 +14,8 @@ takes everything else from model.json (column names, features and their derivati
 normalization, the futures roll). The steps, one function each:
 
 1. `split_future`: each instrument's rows after its last target value are the bars to forecast;
-2. `continuous` (futures only): each root's contracts as one back-adjusted series;
+2. `continuous` (futures only): each root's held contracts over time (the roll schedule of
+   `foxhunt.data.futures`) as one back-adjusted series;
 3. `make_series`: per instrument, the NaN policy, the features (columns, or derived from the
    OHLCV bars), the warm-up rows dropped;
 4. `build_windows`: the encoder rows and the forecast steps' known inputs (given in the rows to
@@ -46,6 +47,7 @@ import pyarrow.parquet as pq
 FORMAT, FORMAT_VERSION = "foxhunt-onnx", 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 DAY_NS = 86_400 * 10**9
+EXPIRED_NS = 4 * DAY_NS  # a front whose bars end this long before the data's has expired
 MONTH_CODES = "FGHJKMNQUVXZ"  # January .. December
 PRICES = ("open", "high", "low", "close")
 
@@ -232,57 +234,87 @@ def third_friday(year: int, month: int) -> int:
     return int(friday.astype("datetime64[ns]").astype(np.int64))
 
 
-def roll_times(contracts: list[Contract], roll: dict[str, Any]) -> list[int]:
-    """When each next contract takes over (its first held bar), contracts by expiry."""
+def roll_schedule(contracts: list[Contract], roll: dict[str, Any]) -> list[tuple[int, Contract]]:
+    """(first bar held, contract) of each roll of a root's held contract over time, as
+    foxhunt.data.futures.roll_schedule: the front is held until the rule moves it to a later
+    contract, decided from the bars before (no look-ahead), never back; a front still trading
+    at the end of the data stays held; an expired one with no signal rolls at its last bar."""
+    if roll["rule"] == "open_interest" and any(c.open_interest is None for c in contracts):
+        raise InputError("the open interest roll needs the open interest column")
     ordered = sorted(contracts, key=lambda c: c.order)
-    times, held_from = [], ordered[0].time_ns[0]
-    for k, (front, nxt) in enumerate(zip(ordered, ordered[1:], strict=False)):
-        held_from = roll_time(front, nxt, roll, k, held_from)
-        times.append(held_from)
-    return times
+    end = max(int(c.time_ns[-1]) for c in ordered)
+    rolls, k, held_from = [], 0, int(ordered[0].time_ns[0])
+    while found := next_roll(ordered, k, held_from, end, roll):
+        held_from, k = found
+        rolls.append((held_from, ordered[k]))
+    return rolls
 
 
-def roll_time(front: Contract, nxt: Contract, roll: dict[str, Any], k: int, held_from: int) -> int:
-    common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
-    mine = common >= held_from
-    common, fi, ni = common[mine], fi[mine], ni[mine]
-    rule = roll["rule"]
-    if len(common) == 0:  # no overlap: the next contract from its first bar after the front
-        after = nxt.time_ns[nxt.time_ns > front.time_ns[-1]]
-        if len(after) == 0:
-            raise InputError(f"contracts {front.id} and {nxt.id}: no bar of {nxt.id} to roll to")
-        return int(after[0])
+def next_roll(
+    ordered: list[Contract], k: int, held_from: int, end: int, roll: dict[str, Any]
+) -> tuple[int, int] | None:
+    """(first bar held, index in `ordered`) of the roll from `ordered[k]`, or None: held to the
+    end. The earliest signal of a later contract trading while the front does, the nearest
+    month on a tie; else, if the front expired, the next contract trading after it."""
+    front = ordered[k]
+    last = int(front.time_ns[-1])
+    later = [j for j in range(k + 1, len(ordered)) if ordered[j].time_ns[-1] >= held_from]
+    signals = [
+        (at, j)
+        for j in later
+        if ordered[j].time_ns[0] <= last
+        and (at := signal(front, ordered[j], held_from, roll)) is not None
+    ]
+    if signals:
+        return min(signals)
+    after = [j for j in later if ordered[j].time_ns[-1] > last]
+    if end - last <= EXPIRED_NS or not after:
+        return None
+    nxt = ordered[after[0]]
+    at = int(nxt.time_ns[np.searchsorted(nxt.time_ns, last, "right")])
+    if len(np.intersect1d(front.time_ns[front.time_ns >= held_from], nxt.time_ns)):
+        if roll.get("strict", False):
+            raise InputError(f"contracts {front.id} and {nxt.id}: no roll signal ({roll['rule']})")
+        print(
+            f"warning: {front.id} expired with no roll signal: rolled to {nxt.id} at its last bar",
+            file=sys.stderr,
+        )
+    return at, after[0]
+
+
+def signal(front: Contract, nxt: Contract, held_from: int, roll: dict[str, Any]) -> int | None:
+    """The first bar of `nxt` held if the rule moves the front to it, else None."""
+    rule, last = roll["rule"], int(front.time_ns[-1])
     if rule in ("volume", "open_interest"):
-        if rule == "open_interest":
-            if front.open_interest is None or nxt.open_interest is None:
-                raise InputError("the open interest roll needs the open interest column")
-            a, b = front.open_interest[fi], nxt.open_interest[ni]
-        else:
-            a, b = front.volume[fi], nxt.volume[ni]
+        common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
+        mine = common >= held_from
+        a, b = getattr(front, rule), getattr(nxt, rule)
+        ahead = b[ni[mine]] > a[fi[mine]]
         confirm = roll["confirm_bars"]
-        run = np.convolve(b > a, np.ones(confirm, int), "full")[: len(common)]
+        run = np.convolve(ahead, np.ones(confirm, int), "full")[: len(ahead)]
         confirmed = np.flatnonzero(run >= confirm)
-        if len(confirmed) == 0 or confirmed[0] + 1 >= len(common):
-            raise InputError(f"contracts {front.id} and {nxt.id}: no roll signal ({rule})")
-        return int(common[confirmed[0] + 1])  # decided at that bar's close: held from the next
+        if len(confirmed) == 0:
+            return None
+        i = np.searchsorted(nxt.time_ns, common[mine][confirmed[0]], "right")  # the next bar
+        return int(nxt.time_ns[i]) if i < len(nxt.time_ns) else None
     if rule == "days_before_expiry":
-        later = common[common >= front.expiry - roll["days"] * DAY_NS]
-        return int(later[0] if len(later) else nxt.time_ns[nxt.time_ns > front.time_ns[-1]][0])
-    dates = roll["dates_ns"]
-    if k >= len(dates):
-        raise InputError(f"the fixed roll from {front.id} to {nxt.id} has no date")
-    later = nxt.time_ns[nxt.time_ns >= dates[k]]
-    if len(later) == 0:
-        raise InputError(f"no bar of {nxt.id} at or after its fixed roll date")
-    return int(later[0])
+        due = max(front.expiry - roll["days"] * DAY_NS, held_from)
+    else:  # fixed: the first date after the front became held
+        due = next((d for d in sorted(roll["dates_ns"]) if d > held_from), None)
+    if due is None or due > last:
+        return None
+    i = np.searchsorted(nxt.time_ns, due)
+    return int(nxt.time_ns[i]) if i < len(nxt.time_ns) else None
 
 
-def stitch(contracts: list[Contract], rolls: list[int], adjust: str) -> tuple[np.ndarray, dict]:
+def stitch(
+    first: Contract, rolls: list[tuple[int, Contract]], adjust: str
+) -> tuple[np.ndarray, dict]:
     """The held bars' rows (table row numbers) and their prices adjusted backwards: ratio
     multiplies earlier prices by the next contract's close over the front's at the last common
     bar before each roll, difference adds the difference of those closes, none leaves them."""
-    ordered = sorted(contracts, key=lambda c: c.order)
-    bounds = [ordered[0].time_ns[0], *rolls, np.iinfo(np.int64).max]
+    ordered = [first, *(c for _, c in rolls)]
+    bounds = [ordered[0].time_ns[0], *(t for t, _ in rolls), np.iinfo(np.int64).max]
     held, factors = [], []
     for k, c in enumerate(ordered):
         held.append((c.time_ns >= bounds[k]) & (c.time_ns < bounds[k + 1]))
@@ -358,7 +390,8 @@ def continuous(table: pa.Table, data: dict[str, Any]) -> pa.Table:
         )
     parts, adjusted, names = [], {p: [] for p in PRICES}, []
     for root, contracts in sorted(by_root.items()):
-        rows, prices = stitch(contracts, roll_times(contracts, roll), roll["adjust"])
+        first = min(contracts, key=lambda c: c.order)
+        rows, prices = stitch(first, roll_schedule(contracts, roll), roll["adjust"])
         parts.append(rows)
         names.append(np.full(len(rows), root, dtype=object))
         for p in PRICES:

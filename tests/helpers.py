@@ -23,6 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from foxhunt.config import DataConfig, register_configs
+from foxhunt.data.futures import MONTH_CODES, Contract, third_friday
 from foxhunt.models import TemporalFusionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +135,68 @@ def read_only(directory: Path) -> Iterator[Path]:
             subprocess.run(["chattr", "-i", str(directory)], check=True)
         else:
             directory.chmod(0o755)
+
+
+# --------------------------------------------------------------------------------------------
+# Futures
+# --------------------------------------------------------------------------------------------
+
+DAY = 86_400 * 10**9
+YEAR = 365.25 * DAY
+PRICES = ("open", "high", "low", "close")
+
+
+def ns(day: str) -> int:
+    return int(np.datetime64(day, "ns").astype(np.int64))
+
+
+def listing(
+    carry: float = 0.03, seed: int = 0, root: str = "ES"
+) -> tuple[list[Contract], np.ndarray]:
+    """Quarterly contracts of one daily price path, 2026-01-01 to 2027-11-15 (the data ends
+    mid-quarter): each listed 280 days before its expiry (3-4 months trade at once), its close
+    path x exp(carry x years to its expiry), its volume rising from 8 days before the previous
+    contract's expiry and falling from 8 days before its own (a noisy crossover)."""
+    rng = np.random.default_rng(seed)
+    start, end = ns("2026-01-01"), ns("2027-11-15")
+    t = np.arange(start, end + 1, DAY)
+    path = 5000 * np.exp(np.cumsum(rng.normal(0, 0.01, len(t))))
+    months = [(2025, 12)] + [(y, m) for y in (2026, 2027, 2028) for m in (3, 6, 9, 12)]
+    expiries = [third_friday(y, m) for y, m in months]
+    out = []
+    for (year, month), before, expiry in zip(months[1:], expiries, expiries[1:], strict=False):
+        held = (t >= expiry - 280 * DAY) & (t <= expiry)
+        if not held.any():
+            continue
+        close = path[held] * np.exp(carry * (expiry - t[held]) / YEAR)
+        rising = 1 / (1 + np.exp(-(t[held] - (before - 8 * DAY)) / (2 * DAY)))
+        falling = 1 / (1 + np.exp(-((expiry - 8 * DAY) - t[held]) / (2 * DAY)))
+        out.append(
+            Contract(
+                id=f"{root}{MONTH_CODES[month - 1]}{year % 10}",
+                root=root,
+                month=month,
+                year=year,
+                time_ns=t[held],
+                prices={p: close.copy() for p in PRICES},
+                volume=10 + 1000 * rising * falling + rng.uniform(0, 200, held.sum()),
+            )
+        )
+    return out, path
+
+
+def contracts_table(cs: list[Contract]) -> pa.Table:
+    """Contracts as one table of OHLCV bars, one row per contract and bar, symbol = the id."""
+    return pa.table(
+        {
+            "timestamp": pa.array(
+                np.concatenate([c.time_ns for c in cs]), pa.timestamp("ns", tz="UTC")
+            ),
+            "symbol": np.concatenate([np.full(len(c.time_ns), c.id) for c in cs]),
+            **{p: np.concatenate([c.prices[p] for c in cs]) for p in PRICES},
+            "volume": np.concatenate([c.volume for c in cs]),
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------------

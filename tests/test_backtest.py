@@ -11,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -30,6 +32,8 @@ from tests.helpers import (
     FIVE_MIN,
     ROOT,
     compose_train,
+    contracts_table,
+    listing,
     make_table,
     run_cli,
     tiny_overrides,
@@ -378,3 +382,55 @@ def test_an_interrupted_fold_says_how_to_resume_a_backtest(tmp_path, table_path,
         f"SIGTERM during epoch 1 after batch 7; wrote {tmp_path / 'last.ckpt'} (resume with "
         "the same command and resume=auto: it continues at this fold)"
     )
+
+
+@pytest.mark.parametrize("adjust", ["ratio", "difference"])
+def test_folds_ending_mid_quarter_see_the_rolls_and_windows_a_file_ending_there_gives(
+    tmp_path, adjust
+):
+    """3-4 listed futures months, folds of 45 days (each ends mid-quarter, its front still
+    trading, the later months listed): each fold's rolls are a prefix of the full run's, the
+    rolls of the file cut at its end, and its windows are those of that file (difference too:
+    its derived inputs are the ratio-adjusted series', so no later roll reaches them)."""
+    table = contracts_table(listing()[0])
+    full_path = tmp_path / "es.parquet"
+    pq.write_table(table, full_path)
+    futures = (
+        "data.features=ohlcv",
+        "data.target=null",
+        "data.known_features=[]",
+        "data.futures.enabled=true",
+        "data.futures.roll.confirm_bars=3",
+        f"data.futures.roll.adjust={adjust}",
+    )
+    cfg = compose_backtest(*tiny_overrides(full_path), *futures, "backtest.folds=4")
+    cfg.backtest.test_span = 45
+    folds = backtest.plan_folds(timeline(cfg.data), cfg.backtest, cfg.data)
+    t = table["timestamp"].cast(pa.int64())
+    full = None
+    for fold in folds:
+        data = ParquetDataModule(backtest.fold_config(cfg, fold).data)
+        data.setup()
+        full = full or data.rolls
+        assert data.rolls == full  # every fold reads the whole file: the full schedule
+        cut = tmp_path / f"fold-{fold.index}.parquet"
+        pq.write_table(table.filter(pc.less(t, fold.test_end)), cut)
+        fold_cfg = backtest.fold_config(cfg, fold).data
+        fold_cfg.path = str(cut)
+        until = ParquetDataModule(fold_cfg, schema=data.schema)
+        until.setup()
+        prefix = [r for r in full if r.time_ns < fold.test_end]
+        key = [(r.time_ns, r.from_id, r.to_id) for r in prefix]
+        assert [(r.time_ns, r.from_id, r.to_id) for r in until.rolls] == key
+        np.testing.assert_allclose([r.factor for r in until.rolls], [r.factor for r in prefix])
+        held = until.rolls[-1].to_id
+        if fold.test_end != NO_CUT:  # mid-quarter: the front held at the cut trades on after it
+            trading = pc.and_(pc.equal(table["symbol"], held), pc.greater(t, fold.test_end))
+            assert table.filter(trading).num_rows > 0
+        for split in SPLITS:
+            x, y = data.datasets[split], until.datasets[split]
+            assert len(x) == len(y) > 0 and torch.equal(x.starts, y.starts)
+            index = list(range(0, len(x), 5))
+            bx, by = x.__getitems__(index), y.__getitems__(index)
+            for k in bx:
+                torch.testing.assert_close(by[k], bx[k], rtol=0, atol=1e-5)

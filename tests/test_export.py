@@ -60,7 +60,17 @@ from foxhunt.quantization.qat import (  # noqa: E402
 )
 from foxhunt.train import train  # noqa: E402
 from foxhunt.training.module import TFTModule, model_init  # noqa: E402
-from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    DAY,
+    ROOT,
+    compose_train,
+    contracts_table,
+    listing,
+    make_table,
+    ns,
+    tiny_overrides,
+    write_table,
+)
 
 H = 4  # both models' forecast steps
 TAIL = 30  # rows per instrument in the plain model's prediction file, the last H to forecast
@@ -533,6 +543,71 @@ def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
     assert len(rolls) == 1
     got = port["continuous"](table, data_section(cfg, describe(cfg)))
     assert got.equals(want)
+
+
+@pytest.mark.parametrize(
+    ("rule", "confirm", "adjust"),
+    [
+        ("volume", 3, "ratio"),
+        ("volume", 400, "difference"),  # never confirmed: each front rolls at its expiry
+        ("days_before_expiry", 1, "ratio"),
+        ("fixed", 1, "none"),
+    ],
+)
+def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
+    port, tmp_path, rule, confirm, adjust
+):
+    """3-4 listed months at once, the file cut every 5 days across a quarter: the consumer's
+    continuous series is continuous_table's (the front still trading at the cut held, months
+    never held left out, an expired front rolled at its last bar; strict: an error line)."""
+    table = contracts_table(listing()[0])
+    pq.write_table(table, tmp_path / "es.parquet")
+    cfg = OmegaConf.structured(
+        DataConfig(path=str(tmp_path / "es.parquet"), group_column="symbol", features="ohlcv")
+    )
+    cfg.futures.enabled = True
+    cfg.futures.roll.rule, cfg.futures.roll.confirm_bars = rule, confirm
+    cfg.futures.roll.adjust = adjust
+    cfg.futures.roll.dates = [f"{y}-{m:02d}-10" for y in (2026, 2027) for m in (3, 6, 9, 12)]
+    t = table["timestamp"].cast(pa.int64())
+    cuts = ns("2027-08-01") + DAY * np.arange(0, 95, 5)  # across the September 2027 roll
+    held = set()
+    for cut in cuts:
+        part = table.filter(pc.less_equal(t, cut))
+        want, rolls = continuous_table(part, cfg)
+        got = port["continuous"](part, data_section(cfg, describe(cfg)))
+        assert got.equals(want), cut
+        held.add(rolls[-1].to_id)
+    assert held == {"ESU7", "ESZ7"}
+    if confirm == 400:
+        cfg.futures.roll.strict = True
+        with pytest.raises(port["InputError"], match="ESH6 and ESM6: no roll signal"):
+            port["continuous"](table, data_section(cfg, describe(cfg)))
+
+
+def test_a_file_cut_mid_quarter_forecasts_from_the_contract_held_at_the_cut(futures, tmp_path):
+    """The sample cut while the front still trades and the next month is thin (before the
+    volume crossover), and after it: predict forecasts ES from the contract held at the cut's
+    last bar, the consumer alike."""
+    table = pq.read_table(futures.data)
+    t = table["timestamp"].cast(pa.int64())
+    predictor = foxhunt.load(futures.ckpt)
+    (roll,) = continuous_table(table, predictor.data_cfg)[1]
+    hour = 3600 * 10**9
+    for cut, held in ((roll.time_ns - 12 * hour, "ESH6"), (roll.time_ns + 6 * hour, "ESM6")):
+        part = table.filter(pc.less(t, cut))
+        assert {"ESH6", "ESM6"} <= set(part["symbol"].to_pylist())  # both listed at the cut
+        rolls = continuous_table(part, predictor.data_cfg)[1]
+        assert [r.to_id for r in rolls] == ([] if held == "ESH6" else ["ESM6"])
+        data = tmp_path / f"cut-{held}.parquet"
+        pq.write_table(part, data)
+        want = predictor.predict(data)
+        last = pc.max(part.filter(pc.equal(part["symbol"], held))["timestamp"])
+        assert want["instrument"].to_pylist() == ["ES"] * H
+        assert want["origin_time"].cast(pa.int64()).to_pylist() == [last.value] * H
+        code, _, stderr = consumer(futures.export, data, tmp_path / f"onnx-{held}.parquet")
+        assert code == 0, stderr
+        _same_forecasts(pq.read_table(tmp_path / f"onnx-{held}.parquet"), want)
 
 
 def test_rows_to_forecast_of_a_contract_forecast_its_root_as_predict_py(futures, tmp_path):

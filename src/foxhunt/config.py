@@ -87,7 +87,13 @@ class RollConfig:
     open_interest_column: str | None = None
     # each contract's expiry (a date or timestamp column); null: the third Friday of its month
     expiry_column: str | None = None
+    # the derived inputs, ratios of prices, come from ratio-adjusted prices with every choice
+    # (difference would make them depend on later rolls; none would make a roll bar's return
+    # the spread)
     adjust: RollAdjust = RollAdjust.ratio
+    # a front that expires with no roll signal: false rolls at its last bar with a warning,
+    # true is an error
+    strict: bool = False
 
 
 @dataclass

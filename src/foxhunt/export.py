@@ -617,9 +617,10 @@ def _futures(cfg: DictConfig) -> dict[str, Any]:
             "dates_ns": [parse_time("data.futures.roll.dates", d) for d in roll.dates],
             "open_interest_column": roll.open_interest_column,
             "expiry_column": roll.expiry_column,
-            # foxhunt derives its inputs (ratios of prices) from ratio-adjusted prices when
-            # adjust=none: a roll bar's return is never the spread (continuous_table)
-            "adjust": "ratio" if str(roll.adjust) == "none" else str(roll.adjust),
+            "strict": bool(getattr(roll, "strict", False)),
+            # foxhunt derives its inputs (ratios of prices) from ratio-adjusted prices whatever
+            # roll.adjust says (continuous_table)
+            "adjust": "ratio",
         },
     }
 

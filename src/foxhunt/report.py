@@ -222,15 +222,26 @@ def _rolls_section(datamodule: ParquetDataModule) -> list[str]:
     rolls = getattr(datamodule, "rolls", [])
     if not rolls:
         return []
-    rows = [[_when(np.datetime64(r.time_ns, "ns")), r.from_id, r.to_id, r.factor] for r in rolls]
+    rows = [
+        [
+            _when(np.datetime64(r.time_ns, "ns")),
+            r.from_id,
+            r.to_id,
+            r.factor,
+            "yes" if r.held_at_end else "no",
+        ]
+        for r in rolls
+    ]
     return [
         "## Futures rolls",
         "",
         f"{len(rolls)} rolls (`rolls.csv`; `data.futures.roll`): from each roll on the next "
-        "contract is held; earlier prices are adjusted by the factor (ratio: the next contract's "
-        "close over the front's at the last common bar; difference: their difference).",
+        "contract is held; earlier prices are multiplied by the factor (the next contract's "
+        "close over the front's at the last common bar: the inputs, ratios of prices, are each "
+        "contract's own whatever `roll.adjust` says). Each root's last `to` is held at the end "
+        "of the data.",
         "",
-        *_table(["first bar held", "from", "to", "factor"], rows),
+        *_table(["first bar held", "from", "to", "factor", "held at the end"], rows),
     ]
 
 

@@ -19,6 +19,7 @@ import foxhunt
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
+    MONTH_CODES,
     Contract,
     Roll,
     continuous_table,
@@ -31,15 +32,10 @@ from foxhunt.errors import ConfigError, DataError
 from foxhunt.interpret import _roll_marks
 from foxhunt.report import _rolls_section
 from foxhunt.train import train
-from tests.helpers import compose_train
+from tests.helpers import DAY, PRICES, YEAR, compose_train, contracts_table, listing, ns
 from tests.test_predict import _run_cli
 
-DAY = 86_400 * 10**9
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
-
-
-def ns(day: str) -> int:
-    return int(np.datetime64(day, "ns").astype(np.int64))
 
 
 def contracts(
@@ -122,11 +118,101 @@ def test_the_expiry_roll_is_n_days_before_the_front_s_expiry():
         assert r.time_ns == front.time_ns[-1] - 7 * DAY  # daily bars: that very day
 
 
-def test_contracts_without_a_roll_signal_are_one_line():
+def test_a_full_listing_s_schedule_is_online_and_its_returns_are_the_path_s():
+    """3-4 months at once: a file cut at any day of a quarter (before, during and after a
+    crossover) has the full file's rolls up to the cut, then holds the contract the full file
+    holds at the cut; ratio-adjusted returns are the path's less the carry's roll-down."""
+    carry, confirm = 0.03, 3
+    cs, path = listing(carry)
+    table = contracts_table(cs)
+    time_ns = table["timestamp"].cast(pa.int64()).to_numpy()
+    assert (
+        3
+        <= min(np.unique(time_ns, return_counts=True)[1])
+        < 4
+        == max(np.unique(time_ns, return_counts=True)[1])
+    )
+    cfg = futures_cfg("unused.parquet")
+    cfg.futures.roll.confirm_bars = confirm
+    _, full = continuous_table(table, cfg)
+    held = ["ESH6", *(r.to_id for r in full)]
+    assert held == ["ESH6", "ESM6", "ESU6", "ESZ6", "ESH7", "ESM7", "ESU7", "ESZ7"]
+    assert [r.held_at_end for r in full] == [False] * 6 + [True]
+    # the roll into ESU7: decided at the close of the bar before, the third of three bars the
+    # next contract's volume leads; cut with 0, 1, 2 and 3 of them seen, and after
+    roll = next(r for r in full if r.to_id == "ESU7")
+    decided = roll.time_ns - DAY
+    cuts = np.arange(roll.time_ns - 60 * DAY, roll.time_ns + 40 * DAY, DAY)  # a quarter
+    assert {decided - k * DAY for k in range(4)} <= set(cuts.tolist())
+    for cut in cuts:
+        part = table.filter(pc.less_equal(table["timestamp"].cast(pa.int64()), cut))
+        out, rolls = continuous_table(part, cfg)
+        want = [r for r in full if r.time_ns <= cut]
+        got = [(r.time_ns, r.from_id, r.to_id, r.factor) for r in rolls]
+        assert got == [(r.time_ns, r.from_id, r.to_id, r.factor) for r in want], cut
+        assert rolls[-1].held_at_end and rolls[-1].to_id == want[-1].to_id
+        days = (out["timestamp"].cast(pa.int64()).to_numpy() - ns("2026-01-01")) // DAY
+        assert (days == np.arange(len(days))).all()  # every day, from the held contract
+        returns = np.diff(np.log(out["close"].to_numpy()))
+        np.testing.assert_allclose(
+            returns, np.diff(np.log(path[: len(days)])) - carry * DAY / YEAR, rtol=0, atol=1e-12
+        )
+    # a front with no bar on the data's last 2 days has paused, not expired: still held
+    time_ns, symbol = table["timestamp"].cast(pa.int64()), table["symbol"]
+    cut = roll.time_ns - 20 * DAY
+    paused = pc.and_(pc.equal(symbol, "ESM7"), pc.greater(time_ns, cut - 2 * DAY))
+    part = table.filter(pc.and_(pc.less_equal(time_ns, cut), pc.invert(paused)))
+    rolls = continuous_table(part, cfg)[1]
+    assert rolls[-1].to_id == "ESM7" and len(rolls) == len([r for r in full if r.time_ns <= cut])
+
+
+def test_the_roll_goes_to_the_later_month_that_leads_and_never_back(caplog):
+    """Three months at once: ESU6 (two out) leads ESH6 first and is held; ESM6 leading ESU6
+    later is an earlier month, never rolled back to, and never held."""
+    days = np.arange(100)
+    volume = {
+        "H": np.full(100, 100.0),
+        "M": np.where(days >= 60, 500.0, 50.0),
+        "U": np.where(days >= 30, 300.0, 50.0),
+    }
+    cs = [
+        Contract(
+            id=f"ES{code}6",
+            root="ES",
+            month=MONTH_CODES.index(code) + 1,
+            year=2026,
+            time_ns=T0 + DAY * days,
+            prices={p: np.full(100, 5000.0) for p in PRICES},
+            volume=volume[code],
+        )
+        for code in "HMU"
+    ]
+    with caplog.at_level(logging.INFO, logger="foxhunt.data.futures"):
+        rolls = roll_schedule(cs, "volume", confirm_bars=2)
+    assert rolls == [Roll(T0 + 32 * DAY, "ESH6", "ESU6", rolls[0].factor, held_at_end=True)]
+    assert "ES: 1 deferred contracts never held (ESM6)" in caplog.text
+    series = stitch(cs, rolls, "ratio")
+    assert series.ids == ["ESH6", "ESU6"] and (np.diff(series.time_ns) == DAY).all()
+
+
+def test_an_expired_front_with_no_signal_rolls_at_its_last_bar_with_a_warning(caplog):
     cs, _ = contracts("ratio")
     flat = [Contract(**{**c.__dict__, "volume": np.full(len(c.time_ns), 5.0)}) for c in cs]
+    with caplog.at_level(logging.WARNING, logger="foxhunt.data.futures"):
+        rolls = roll_schedule(flat, "volume", confirm_bars=2)
+    # each front's bars end 40 days before the data's: it expired, the next is held after it
+    assert [(r.from_id, r.to_id, r.time_ns) for r in rolls] == [
+        ("ESH6", "ESM6", T0 + 120 * DAY),
+        ("ESM6", "ESU6", T0 + 200 * DAY),
+    ]
+    assert "ESH6 expired" in caplog.text and "rolled to ESM6 at its last bar" in caplog.text
+    assert "ESM6 expired" in caplog.text and "rolled to ESU6 at its last bar" in caplog.text
     with pytest.raises(DataError, match="ESM6's volume never exceeds ESH6's on 2 consecutive"):
-        roll_schedule(flat, "volume", confirm_bars=2)
+        roll_schedule(flat, "volume", confirm_bars=2, strict=True)
+    cfg = futures_cfg("unused.parquet")
+    cfg.futures.roll.strict = True  # data.futures.roll.strict=true: the error
+    with pytest.raises(DataError, match="contracts ESH6 and ESM6 overlap on 40 bars but ESM6's"):
+        continuous_table(contracts_table(flat), cfg)
     with pytest.raises(ConfigError, match="open_interest_column"):
         roll_schedule(cs, "open_interest")
 
@@ -176,30 +262,7 @@ def contract_file(path, contango: float = 0.02) -> tuple:
     """The three contracts as one Parquet file of daily OHLCV bars, one row per contract and
     day (the overlaps twice), symbol = the contract id."""
     cs, path_prices = contracts("ratio", contango=contango)
-    cols = {
-        "timestamp": [],
-        "symbol": [],
-        "open": [],
-        "high": [],
-        "low": [],
-        "close": [],
-        "volume": [],
-    }
-    for c in cs:
-        cols["timestamp"].append(c.time_ns)
-        cols["symbol"].append(np.full(len(c.time_ns), c.id))
-        for p in ("open", "high", "low", "close"):
-            cols[p].append(c.prices[p])
-        cols["volume"].append(c.volume)
-    table = pa.table(
-        {
-            k: pa.array(np.concatenate(v), pa.timestamp("ns", tz="UTC"))
-            if k == "timestamp"
-            else np.concatenate(v)
-            for k, v in cols.items()
-        }
-    )
-    pq.write_table(table, path)
+    pq.write_table(contracts_table(cs), path)
     return cs, path_prices
 
 
@@ -235,11 +298,13 @@ def futures_run(path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("adjust", ["ratio", "none"])
+@pytest.mark.parametrize("adjust", ["ratio", "none", "difference"])
 def test_a_root_s_contracts_train_as_one_continuous_instrument(tmp_path, adjust):
     cs, path = contract_file(tmp_path / "es.parquet")
     cfg = futures_cfg(tmp_path / "es.parquet")
-    cfg.futures.roll.adjust = adjust  # none too: a roll bar's return is never the spread
+    # none and difference too: the derived inputs and the target come from the ratio-adjusted
+    # series, so a roll bar's return is never the spread, nor a return shifted by later rolls
+    cfg.futures.roll.adjust = adjust
     dm = ParquetDataModule(cfg)
     dm.setup()
     assert dm.schema.groups == ["ES"]  # the root is the instrument: the next contract is known
@@ -287,8 +352,9 @@ def test_a_run_writes_its_roll_schedule(tmp_path):
     contract_file(tmp_path / "es.parquet")
     train(compose_train(*futures_run(tmp_path / "es.parquet")), tmp_path / "run")
     rolls = pacsv.read_csv(tmp_path / "run" / "rolls.csv")
-    assert rolls.column_names == ["time", "from", "to", "factor"]
+    assert rolls.column_names == ["time", "from", "to", "factor", "held_at_end"]
     assert rolls["from"].to_pylist() == ["ESH6", "ESM6"]
+    assert rolls["held_at_end"].to_pylist() == [False, True]  # ESU6 is held at the end
     assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])
 
 
@@ -350,9 +416,9 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypa
 
 
 def test_the_report_lists_the_rolls_and_the_fan_chart_marks_them():
-    rolls = [Roll(T0 + 10 * DAY, "ESH6", "ESM6", 1.0075)]
+    rolls = [Roll(T0 + 10 * DAY, "ESH6", "ESM6", 1.0075, held_at_end=True)]
     text = "\n".join(_rolls_section(SimpleNamespace(rolls=rolls)))
-    assert "| 2026-01-12 00:00 | ESH6 | ESM6 | 1.008 |" in text
+    assert "| 2026-01-12 00:00 | ESH6 | ESM6 | 1.008 | yes |" in text
     # a window of 6 encoder and 2 forecast bars starting at row 5: the roll bar is row 10,
     # the sixth encoder bar, so 1 bar before the forecast start (x = 0 is the last observed)
     dataset = SimpleNamespace(time_ns=torch.arange(20) * DAY + T0, starts=torch.tensor([0, 5]))

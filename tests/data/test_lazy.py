@@ -7,17 +7,29 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from foxhunt.config import DataConfig
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import CONSTANT
 from foxhunt.data.splits import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.predict import build_windows
-from tests.helpers import FIVE_MIN, T0, compose_train, make_table, ohlcv_cfg, with_, write_table
+from tests.helpers import (
+    FIVE_MIN,
+    T0,
+    compose_train,
+    contracts_table,
+    listing,
+    make_table,
+    ohlcv_cfg,
+    with_,
+    write_table,
+)
 
 LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
 
@@ -325,3 +337,50 @@ def test_a_feature_constant_over_the_training_split_is_dropped_alike(tmp_path, d
     windows = build_windows(pq.read_table(one), with_(data_cfg, path=str(one)), eager.schema, True)
     rows = LENGTHS["AAA"]  # the first instrument's rows, as the data module normalized them
     torch.testing.assert_close(windows.dataset.inputs[:rows], eager.datasets["train"].inputs[:rows])
+
+
+# ---- futures: a root's contracts read together ----
+
+
+def futures_data_cfg(path: Path, tmp_path: Path) -> DataConfig:
+    cfg = DataConfig(
+        path=str(path),
+        group_column="symbol",
+        features="ohlcv",
+        encoder_length=16,
+        prediction_length=4,
+        lazy=False,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    cfg.futures.enabled = True
+    cfg.futures.roll.confirm_bars = 3
+    return cfg
+
+
+@pytest.mark.parametrize("layout", ["per_contract", "per_month"])
+def test_futures_lazy_match_eager(tmp_path, layout):
+    """Two roots of 3-4 listed months each, the data ending mid-quarter: a file per contract
+    (a root's contracts read together) or per month (row groups holding both roots) give the
+    eager path's rolls, windows and normalization."""
+    table = pa.concat_tables(
+        [contracts_table(listing(seed=s, root=r)[0]) for s, r in ((0, "ES"), (1, "NQ"))]
+    )
+    one = tmp_path / "one.parquet"
+    pq.write_table(table, one)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    if layout == "per_contract":
+        for symbol in pc.unique(table["symbol"]).to_pylist():
+            part = table.filter(pc.equal(table["symbol"], symbol))
+            pq.write_table(part, folder / f"{symbol}.parquet")
+    else:
+        month = pc.strftime(table["timestamp"], "%Y-%m").to_numpy(zero_copy_only=False)
+        for m in np.unique(month):
+            pq.write_table(table.filter(pa.array(month == m)), folder / f"{m}.parquet")
+    eager = setup(futures_data_cfg(one, tmp_path))
+    lazy_dm = setup(with_(futures_data_cfg(folder, tmp_path), lazy=True))
+    assert lazy_dm.store_path is not None and eager.schema.groups == ["ES", "NQ"]
+    assert len(eager.rolls) == 14 and lazy_dm.rolls == eager.rolls
+    assert_same(eager, lazy_dm)
+    reused = setup(with_(futures_data_cfg(folder, tmp_path), lazy=True))
+    assert reused.rolls == eager.rolls  # from the store's meta.json, not read again

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
-from foxhunt.data.read import Loaded, bar_step, futures_enabled, load, timeline
+from foxhunt.data.read import Loaded, bar_step, load, timeline
 from foxhunt.data.schema import DataSchema, constant_features, drop_features, found_schema
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import (
@@ -30,7 +30,7 @@ from foxhunt.data.splits import (
     split_starts,
 )
 from foxhunt.data.store import open_store, wants_lazy
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import DataError
 
 log = logging.getLogger(__name__)
 DAILY_BAR_NS = 20 * 3600 * 10**9  # a median step this long: daily (or longer) bars
@@ -196,12 +196,7 @@ class ParquetDataModule(L.LightningDataModule):
             return
         self.prepare_data()
         resolve_intraday(self.cfg, self.fixed_schema)
-        if futures_enabled(self.cfg) and self.cfg.lazy is True:
-            raise ConfigError(
-                "data.futures reads a root's contracts together: use data.lazy=false (the "
-                "lazy store reads one contract at a time)"
-            )
-        if wants_lazy(self.cfg) and not futures_enabled(self.cfg):
+        if wants_lazy(self.cfg):
             self._build_lazy()
         else:
             loaded = load(self.cfg)  # first: its checks name what is wrong with the files
@@ -257,6 +252,7 @@ class ParquetDataModule(L.LightningDataModule):
         fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
         store = open_store(self.cfg, fixed, self.resolve_schema)
         self.store_path = store.path
+        self.rolls = store.rolls
         log.info("data: %s the window store %s", "reusing" if store.reused else "built", store.path)
         inputs, target, known, group, static, time_ns = (
             torch.from_numpy(a)

@@ -6,28 +6,37 @@ contracts; numpy only).
   month codes F G H J K M N Q U V X Z for January to December; `root_pattern` is a regex with
   the groups `root`, `month` and `year`. A one- or two-digit year is the nearest such year at or
   after the contract's first bar's year less one (a contract trades before its expiry year).
-- The roll from the front contract to the next happens at the first bar the next contract is
-  held, decided from data up to the bar before it (no look-ahead):
-  - `volume` (or `open_interest`): after the next contract's volume (open interest) has
-    exceeded the front's on `confirm_bars` consecutive common bars;
+- The roll schedule is a state machine over time: the held contract is the front until the
+  rule moves it to a later contract (never back to an earlier one), at the first bar the later
+  one is held, decided from data up to the bar before it (no look-ahead), so a file cut at any
+  time has the full file's rolls up to the cut:
+  - `volume` (or `open_interest`): after a later contract's volume (open interest) has
+    exceeded the front's on `confirm_bars` consecutive common bars (several months at once:
+    the first to be held wins, the nearest month on a tie);
   - `days_before_expiry`: at the first bar at least `days` calendar days before the front's
     expiry (the third Friday of its month by the month-code calendar, or an expiry column);
-  - `fixed`: at the first bar at or after each given time.
+  - `fixed`: at the first bar at or after the first given time after the front became held.
+  A front still trading at the end of the data stays held (no roll is owed), the last roll's
+  `held_at_end`. One whose bars end more than `EXPIRED_NS` before the data's has expired: with
+  no signal by its last bar it rolls there, to the next listed contract trading after it, with
+  a warning (`strict`: a DataError). Months never held are not in the series.
 - The continuous series takes each contract's bars while it is held. History is adjusted
   backwards at each roll so that the newest contract's prices are its own: `ratio` multiplies
   earlier prices by the next contract's close over the front's at the last common bar before
   the roll (log returns then equal each contract's own bar-to-bar returns, also at the roll
   bar), `difference` adds the difference of those closes (price differences equal each
   contract's own), `none` leaves the jump in (`stitch`). A table's series (`continuous_table`)
-  feeds foxhunt's derived inputs, all ratios of prices, so there `none` is `ratio`: a roll
-  bar's return is never the spread.
+  feeds foxhunt's derived inputs and target, all ratios of prices, so there `none` and
+  `difference` are `ratio`: a roll bar's return is never the spread, and a bar's inputs never
+  depend on later rolls (a ratio is unchanged by a common scale; a difference added to prices
+  changes every ratio before the roll, so a backtest fold would see rolls after its end).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,6 +54,9 @@ ADJUSTMENTS = ("ratio", "difference", "none")
 DAY_NS = 86_400 * 10**9
 PRICES = ("open", "high", "low", "close")
 ROLLS = "rolls.csv"  # the roll schedule, in a run directory
+# a front whose last bar comes more than this before the data's end has expired: longer than a
+# weekend or a holiday, so a front that only pauses is not taken for an expired one
+EXPIRED_NS = 4 * DAY_NS
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class Roll:
     from_id: str
     to_id: str
     factor: float  # ratio: next / front close; difference: next - front; none: nan
+    held_at_end: bool = False  # `to_id` is still held at the end of the data
 
 
 def parse_contract(contract_id: str, first_time_ns: int, pattern: str = ROOT_PATTERN) -> tuple:
@@ -123,81 +136,140 @@ def roll_schedule(
     confirm_bars: int = 1,
     days: int = 5,
     fixed: list[int] | None = None,
+    strict: bool = False,
 ) -> list[Roll]:
-    """The rolls between one root's contracts (ordered by expiry), factor not yet set (nan)."""
+    """The rolls of one root's held contract over time, factor not yet set (nan)."""
     if rule not in RULES:
         raise ConfigError(f"data.futures.roll.rule must be one of {', '.join(RULES)}, got {rule}")
+    if rule == "fixed" and not fixed:
+        raise ConfigError(
+            "data.futures.roll.rule=fixed needs data.futures.roll.dates (one ISO time per roll)"
+        )
+    if rule == "open_interest" and any(c.open_interest is None for c in contracts):
+        raise ConfigError(
+            "data.futures.roll.rule=open_interest needs data.futures.roll.open_interest_column"
+        )
     ordered = sorted(contracts, key=lambda c: c.order)
-    rolls, held_from = [], ordered[0].time_ns[0]
-    for k, (front, nxt) in enumerate(zip(ordered, ordered[1:], strict=False)):
-        at = _roll_time(front, nxt, rule, confirm_bars, days, fixed, k, held_from)
-        rolls.append(Roll(at, front.id, nxt.id, float("nan")))
-        held_from = at
+    end = max(int(c.time_ns[-1]) for c in ordered)
+    rolls, k, held_from = [], 0, int(ordered[0].time_ns[0])
+    # a state machine: the held contract stays the front until the rule moves it to a later one
+    while found := _next_roll(ordered, k, held_from, end, rule, confirm_bars, days, fixed, strict):
+        at, j = found
+        rolls.append(Roll(at, ordered[k].id, ordered[j].id, float("nan")))
+        k, held_from = j, at
+    if rolls:
+        rolls[-1] = replace(rolls[-1], held_at_end=True)
+    never = sorted(set(c.id for c in ordered) - {ordered[0].id, *(r.to_id for r in rolls)})
+    if never:
+        log.info(
+            "futures: %s: %d deferred contracts never held (%s)",
+            ordered[0].root,
+            len(never),
+            ", ".join(never),
+        )
     return rolls
 
 
-def _roll_time(
-    front: Contract,
-    nxt: Contract,
+def _next_roll(
+    ordered: list[Contract],
+    k: int,
+    held_from: int,
+    end: int,
     rule: str,
     confirm_bars: int,
     days: int,
     fixed: list[int] | None,
-    k: int,
-    held_from: int,
-) -> int:
-    """When `nxt` takes over from `front`: the first bar of `nxt` that is held."""
-    common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
-    mine = common >= held_from
-    common, fi, ni = common[mine], fi[mine], ni[mine]
-    if len(common) == 0:  # no overlap: the next contract from its first bar after the front
-        after = nxt.time_ns[nxt.time_ns > front.time_ns[-1]]
-        if len(after) == 0:
-            raise DataError(f"contracts {front.id} and {nxt.id} have no bar of {nxt.id} to roll to")
-        gap = (after[0] - front.time_ns[-1]) / DAY_NS
+    strict: bool,
+) -> tuple[int, int] | None:
+    """The roll from `ordered[k]`, held from `held_from`: (the first bar held of the next, its
+    index in `ordered`), or None: it is held to the end of the data."""
+    front = ordered[k]
+    last = int(front.time_ns[-1])
+    later = [j for j in range(k + 1, len(ordered)) if ordered[j].time_ns[-1] >= held_from]
+    signals = [
+        (at, j)
+        for j in later
+        if ordered[j].time_ns[0] <= last  # it trades while the front does
+        and (at := _signal(front, ordered[j], held_from, rule, confirm_bars, days, fixed))
+        is not None
+    ]
+    if signals:  # the earliest first bar held; the nearest month on a tie
+        return min(signals)
+    after = [j for j in later if ordered[j].time_ns[-1] > last]
+    if end - last <= EXPIRED_NS or not after:  # still the front at the end: no roll is owed
+        return None
+    nxt = ordered[after[0]]  # it expired: the next listed contract that trades after it
+    at = int(nxt.time_ns[np.searchsorted(nxt.time_ns, last, "right")])
+    overlap = np.intersect1d(front.time_ns[front.time_ns >= held_from], nxt.time_ns)
+    if len(overlap) == 0:
         log.warning(
             "futures: %s ends %.1f days before %s's first bar after it: a gap in the "
             "continuous series",
             front.id,
-            gap,
+            (at - last) / DAY_NS,
             nxt.id,
         )
-        return int(after[0])
+        return at, after[0]
     if rule in ("volume", "open_interest"):
-        if rule == "open_interest":
-            if front.open_interest is None or nxt.open_interest is None:
-                raise ConfigError(
-                    "data.futures.roll.rule=open_interest needs "
-                    "data.futures.roll.open_interest_column"
-                )
-            a, b = front.open_interest[fi], nxt.open_interest[ni]
-        else:
-            a, b = front.volume[fi], nxt.volume[ni]
-        ahead = b > a
+        what = (
+            f"{nxt.id}'s {rule.replace('_', ' ')} never exceeds {front.id}'s on {confirm_bars} "
+            f"consecutive bars before {front.id} ends"
+        )
+    elif rule == "days_before_expiry":
+        what = f"{front.id} ends before its roll date, {days} days before its expiry"
+    else:
+        what = f"no date of data.futures.roll.dates falls while {front.id} is held"
+    if strict:
+        raise DataError(
+            f"contracts {front.id} and {nxt.id} overlap on {len(overlap)} bars but {what}: no "
+            "roll signal (data.futures.roll.rule)"
+        )
+    log.warning(
+        "futures: %s expired (its last bar %s, the data runs on) with no roll signal (%s): "
+        "rolled to %s at its last bar (data.futures.roll.strict=true makes this an error)",
+        front.id,
+        np.datetime64(last, "ns").astype("datetime64[m]"),
+        what,
+        nxt.id,
+    )
+    return at, after[0]
+
+
+def _signal(
+    front: Contract,
+    nxt: Contract,
+    held_from: int,
+    rule: str,
+    confirm_bars: int,
+    days: int,
+    fixed: list[int] | None,
+) -> int | None:
+    """The first bar of `nxt` held if the rule moves the front to it, decided from the bars up
+    to the one before (no look-ahead) while the front is held and trades; else None."""
+    last = int(front.time_ns[-1])
+    if rule in ("volume", "open_interest"):
+        common, fi, ni = np.intersect1d(front.time_ns, nxt.time_ns, return_indices=True)
+        mine = common >= held_from
+        a, b = getattr(front, rule), getattr(nxt, rule)  # volume or open_interest
+        ahead = b[ni[mine]] > a[fi[mine]]
+        if not ahead.any():
+            return None
         # the bar where `ahead` has held on confirm_bars consecutive common bars
         run = np.convolve(ahead, np.ones(confirm_bars, int), "full")[: len(ahead)]
         confirmed = np.flatnonzero(run >= confirm_bars)
-        if len(confirmed) == 0 or confirmed[0] + 1 >= len(common):
-            raise DataError(
-                f"contracts {front.id} and {nxt.id} overlap on {len(common)} bars but "
-                f"{nxt.id}'s {rule.replace('_', ' ')} never exceeds {front.id}'s on "
-                f"{confirm_bars} consecutive bars before {front.id} ends: no roll signal "
-                "(data.futures.roll.rule)"
-            )
-        return int(common[confirmed[0] + 1])  # decided at that bar's close: held from the next
+        if len(confirmed) == 0:
+            return None
+        # decided at that bar's close: held from the next contract's next bar
+        i = np.searchsorted(nxt.time_ns, common[mine][confirmed[0]], "right")
+        return int(nxt.time_ns[i]) if i < len(nxt.time_ns) else None
     if rule == "days_before_expiry":
-        due = front.expiry - days * DAY_NS
-        later = common[common >= due]
-        return int(later[0] if len(later) else nxt.time_ns[nxt.time_ns > front.time_ns[-1]][0])
-    if fixed is None or k >= len(fixed):
-        raise ConfigError(
-            f"data.futures.roll.rule=fixed needs a date for the roll from {front.id} to "
-            f"{nxt.id} (data.futures.roll.dates, one per roll)"
-        )
-    later = nxt.time_ns[nxt.time_ns >= fixed[k]]
-    if len(later) == 0:
-        raise DataError(f"no bar of {nxt.id} at or after the fixed roll date {fixed[k]}")
-    return int(later[0])
+        due = max(front.expiry - days * DAY_NS, held_from)
+    else:  # fixed: the first date after the front became held
+        due = next((d for d in sorted(fixed) if d > held_from), None)
+    if due is None or due > last:
+        return None
+    i = np.searchsorted(nxt.time_ns, due)
+    return int(nxt.time_ns[i]) if i < len(nxt.time_ns) else None
 
 
 @dataclass
@@ -209,7 +281,7 @@ class Continuous:
     prices: dict[str, np.ndarray]  # open, high, low, close (adjusted)
     volume: np.ndarray
     contract: np.ndarray  # [bars] index into `ids`: which contract each bar is from
-    ids: list[str]
+    ids: list[str]  # the contracts held, in turn (the last: held at the end of the data)
     rolls: list[Roll]
     rows: np.ndarray | None  # [bars] the contracts' `rows` of each bar
     scale: np.ndarray  # [bars] ratio: the factor each bar's prices were multiplied by
@@ -222,7 +294,9 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
         raise ConfigError(
             f"data.futures.roll.adjust must be one of {', '.join(ADJUSTMENTS)}, got {adjust}"
         )
-    ordered = sorted(contracts, key=lambda c: c.order)
+    by_id = {c.id: c for c in contracts}
+    first = by_id[rolls[0].from_id] if rolls else min(contracts, key=lambda c: c.order)
+    ordered = [first, *(by_id[r.to_id] for r in rolls)]  # the contracts held, in turn
     bounds = [ordered[0].time_ns[0], *(r.time_ns for r in rolls), np.iinfo(np.int64).max]
     pieces, factors = [], []
     for k, c in enumerate(ordered):
@@ -241,8 +315,8 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
         new = c.prices["close"][np.searchsorted(c.time_ns, at)]
         factors.append(new / old if adjust == "ratio" else new - old)
     out_rolls = [
-        Roll(r.time_ns, r.from_id, r.to_id, f if adjust != "none" else float("nan"))
-        for r, f in zip(rolls, factors or [float("nan")] * len(rolls), strict=True)
+        replace(r, factor=f if adjust != "none" else float("nan"))
+        for r, f in zip(rolls, factors, strict=True)
     ]
     # each earlier contract's prices adjusted by every later roll's factor
     scale = [float(np.prod(factors[k:])) if adjust == "ratio" else 1.0 for k in range(len(ordered))]
@@ -329,13 +403,15 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
     fixed = [parse_time("data.futures.roll.dates", d) for d in f.roll.dates] or None
     pieces, rolls = [], []
     for root, contracts in sorted(by_root.items()):
+        strict = bool(getattr(f.roll, "strict", False))
         schedule = roll_schedule(
-            contracts, str(f.roll.rule), f.roll.confirm_bars, f.roll.days, fixed
+            contracts, str(f.roll.rule), f.roll.confirm_bars, f.roll.days, fixed, strict
         )
-        adjust = str(f.roll.adjust)
-        # every derived input is a ratio of prices: unadjusted, a roll bar's return would be the
-        # spread; ratio-adjusted, each is the contract's own, so `none` derives them from that
-        series = stitch(contracts, schedule, "ratio" if adjust == "none" else adjust)
+        # every derived input (and the target) is a ratio of prices: ratio-adjusted, each is
+        # the contract's own, whatever roll.adjust says; unadjusted (`none`), a roll bar's
+        # return would be the spread; difference-adjusted, every ratio before a roll would
+        # shift with the later rolls' differences (a look-ahead)
+        series = stitch(contracts, schedule, "ratio")
         pieces.append((root, series))
         rolls += series.rolls
     rows = np.concatenate([s.rows for _, s in pieces])
@@ -347,11 +423,12 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
     out = out.set_column(out.schema.get_field_index(group), group, pa.array(roots, pa.string()))
     for root, s in pieces:
         log.info(
-            "futures: %s from %d contracts (%s), %d rolls",
+            "futures: %s from %d contracts held in turn (%s), %d rolls, %s held at the end",
             root,
             len(s.ids),
             ", ".join(s.ids),
             len(s.rolls),
+            s.ids[-1],
         )
     return out, rolls
 
@@ -387,12 +464,14 @@ def _expiry_of(
 
 
 def rolls_table(rolls: list[Roll]) -> pa.Table:
-    """The roll schedule (rolls.csv): time, from, to, adjustment factor."""
+    """The roll schedule (rolls.csv): time, from, to, adjustment factor, whether `to` is held
+    at the end of the data."""
     return pa.table(
         {
             "time": pa.array([r.time_ns for r in rolls], pa.timestamp("ns", tz="UTC")),
             "from": [r.from_id for r in rolls],
             "to": [r.to_id for r in rolls],
             "factor": pa.array([r.factor for r in rolls], pa.float64()),
+            "held_at_end": pa.array([r.held_at_end for r in rolls], pa.bool_()),
         }
     )

@@ -257,15 +257,20 @@ def load(cfg: Any) -> Loaded:
     dataset = open_dataset(cfg.path)
     plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
-    projection = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
-    projection += [c for c in (expiry_column(cfg), root_column(cfg)) if c]
     # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
     # the dataset would cast every file to the first one's types (a float to its int8, say)
     tables = [
-        _common_types(plan, read_file(dataset, fragment, projection))
+        common_types(plan, read_file(dataset, fragment, projection(plan)))
         for fragment in dataset.get_fragments()
     ]
-    return _from_table(plan, pa.concat_tables(tables))
+    return from_table(plan, pa.concat_tables(tables))
+
+
+def projection(plan: ColumnPlan) -> list[str]:
+    """The columns `load` reads: time, group, the numeric values, data.futures' own."""
+    cfg = plan.cfg
+    columns = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
+    return columns + [c for c in (expiry_column(cfg), root_column(cfg)) if c]
 
 
 def read_file(dataset: pads.Dataset, fragment: pads.Fragment, columns: list[str]) -> pa.Table:
@@ -278,7 +283,7 @@ def read_file(dataset: pads.Dataset, fragment: pads.Fragment, columns: list[str]
         raise DataError(f"cannot read {fragment.path}: {one_line(exc)}") from None
 
 
-def _common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
+def common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     """The columns to read in the types every file is converted to: times in nanoseconds,
     instrument names as text, values in float64."""
     cfg = plan.cfg
@@ -295,10 +300,11 @@ def _common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
 
 def load_table(table: pa.Table, cfg: Any) -> Loaded:
     """`load` for a table already in memory (`cfg.path` only names it in messages)."""
-    return _from_table(column_plan(pads.dataset(table), cfg), table)
+    return from_table(column_plan(pads.dataset(table), cfg), table)
 
 
-def _from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
+def from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
+    """The series of a table in the common types (with data.futures: one per root)."""
     cfg = plan.cfg
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")

@@ -23,7 +23,7 @@ made earlier for the same data path.
     time.i64     [rows]                        each row's time, int64 ns UTC (for the baselines)
     static.npy   [groups, static]              normalized static reals
     train.i64, val.i64, test.i64               window starts of each split
-    meta.json    shapes and the schema (with its normalization); written last
+    meta.json    shapes, the schema (with its normalization), data.futures' rolls; written last
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from foxhunt.data.columns import model_inputs, resolve_columns
+from foxhunt.data.futures import Roll
 from foxhunt.data.read import timeline
 from foxhunt.data.schema import drop_features, found_schema
 from foxhunt.data.source import data_files, open_dataset
@@ -60,7 +61,8 @@ from foxhunt.data.stream import stream
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 4  # 2: calendar splits; 3: time.i64; 4: constant features dropped
+FORMAT_VERSION = 6  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
+# 6: futures inputs from ratio-adjusted prices under roll.adjust=difference too
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 CHUNK_BYTES = 16 * 2**20  # float64 scratch rows normalized at a time
 # settings that do not change the stored rows, so a change reuses the store
@@ -150,6 +152,7 @@ class Store:
     schema: dict[str, Any]
     splits: dict[str, Any]  # the cuts and each instrument's target spans (splits.split_record)
     instruments: int
+    rolls: list[Roll]  # data.futures: every root's rolls
     path: Path
     reused: bool
 
@@ -175,6 +178,7 @@ def _open(entry: Path, reused: bool) -> Store:
         schema=meta["schema"],
         splits=meta["splits"],
         instruments=meta["instruments"],
+        rolls=[Roll(**r) for r in meta["rolls"]],
         path=entry,
         reused=reused,
     )
@@ -288,6 +292,7 @@ def _build(cfg: Any, folder: Path, resolve: Callable[[dict, np.ndarray], dict]) 
         **counts,
         "schema": schema,
         "splits": {"cuts": cuts.to_dict(), "instruments": spans},
+        "rolls": [dataclasses.asdict(r) for r in loaded.rolls],  # complete: the series are read
     }
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 

@@ -1,12 +1,14 @@
 """The lazy read: the series `foxhunt.data.read.load` gives, one instrument at a time, each read
 from the row groups (of one or several files) that hold it, so memory holds one instrument. Row
 groups holding several instruments are first sorted out by instrument into spill files, in one
-pass."""
+pass. With data.futures the unit is a root: its contracts are read together and stitched by
+`foxhunt.data.futures.continuous_table`, as `load` does, so memory holds one root's contracts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.feather as feather
 
 from foxhunt.data.columns import ColumnPlan, check_files, column_plan
 from foxhunt.data.read import (
@@ -21,8 +24,15 @@ from foxhunt.data.read import (
     Series,
     as_float,
     as_text,
+    common_types,
+    from_table,
+    futures_enabled,
     group_codes,
     make_series,
+    projection,
+    read_file,
+    root_column,
+    root_of,
     time_ns_of,
 )
 from foxhunt.data.source import one_line, open_dataset
@@ -38,8 +48,11 @@ class _Layout:
     shared: list[int]  # row groups holding several instruments
 
 
-def _layout(dataset: pads.Dataset, group: str | None) -> _Layout:
-    """Found from hive partition keys, or by reading the group column alone."""
+def _layout(
+    dataset: pads.Dataset, group: str | None, unit: Callable[[str], str] | None = None
+) -> _Layout:
+    """Found from hive partition keys, or by reading the group column alone; `unit` maps its
+    names to the units read together (data.futures: contract ids to roots)."""
     pieces: list[pads.Fragment] = []
     parts: dict[str, list[int]] = {}
     shared: list[int] = []
@@ -58,6 +71,8 @@ def _layout(dataset: pads.Dataset, group: str | None) -> _Layout:
                 names = {str(partition[group])}
             else:
                 names = _names_in(piece, group)
+            if unit is not None:
+                names = {unit(name) for name in names}
             if len(names) > 1:
                 shared.append(len(pieces))
             for name in names:
@@ -175,14 +190,63 @@ def _read_series(plan: ColumnPlan, name: str, layout: _Layout, spill: _Spill) ->
     return make_series(plan, name, t, values, locate)
 
 
+def _root_tables(dataset: pads.Dataset, plan: ColumnPlan, scratch: Path) -> Iterator[pa.Table]:
+    """data.futures: each root's rows (every contract of it), in the common types and in file
+    order, as `load` reads them; row groups holding several roots are first sorted out by root
+    into spill files."""
+    cfg = plan.cfg
+    column = root_column(cfg) or cfg.group_column
+    unit = None if root_column(cfg) else partial(root_of, pattern=cfg.futures.root_pattern)
+    layout = _layout(dataset, column, unit)
+    if not layout.parts:
+        raise DataError(f"{cfg.path} has no rows")
+    stem = {root: scratch / str(k) for k, root in enumerate(layout.parts)}
+    for i in layout.shared:
+        table = common_types(plan, read_file(dataset, layout.pieces[i], projection(plan)))
+        codes, names = group_codes(table, column)
+        units = np.array([unit(n) if unit else n for n in names], dtype=object)[codes]
+        scratch.mkdir(parents=True, exist_ok=True)
+        for root in set(units):
+            part = table.filter(pa.array(units == root))
+            feather.write_feather(part, f"{stem[root]}-{i}.arrow", compression="uncompressed")
+    for root, parts in layout.parts.items():
+        tables = []
+        for i in parts:
+            if i in layout.shared:
+                spilled = Path(f"{stem[root]}-{i}.arrow")
+                tables.append(feather.read_table(spilled, memory_map=False))
+                spilled.unlink()
+            else:
+                piece = read_file(dataset, layout.pieces[i], projection(plan))
+                tables.append(common_types(plan, piece))
+        yield pa.concat_tables(tables)
+
+
+def _stream_roots(dataset: pads.Dataset, plan: ColumnPlan, scratch: Path) -> Loaded:
+    """`stream` with data.futures: one root at a time, its rolls added to `rolls` as read."""
+    loaded = Loaded.of(plan, iter(()))
+
+    def series() -> Iterator[Series]:
+        for table in _root_tables(dataset, plan, scratch):
+            root = from_table(plan, table)
+            loaded.rolls += root.rolls
+            yield from root.series
+
+    loaded.series = series()
+    return loaded
+
+
 def stream(cfg: Any, scratch: Path) -> Loaded:
     """`read.load`, one instrument at a time: `series` is an iterator, and each instrument is read
     from the row groups that hold it (several files when it spans them), so memory holds one
     instrument. Row groups that hold several instruments are first sorted out into files
-    under `scratch`, in one pass. Errors name the file of the offending rows."""
+    under `scratch`, in one pass. Errors name the file of the offending rows. With
+    data.futures one root at a time, `rolls` complete once `series` is read."""
     dataset = open_dataset(cfg.path)
     plan = column_plan(dataset, cfg)
     check_files(dataset, cfg, plan.values)
+    if futures_enabled(cfg):
+        return _stream_roots(dataset, plan, scratch)
     layout = _layout(dataset, cfg.group_column)
     if not layout.parts:
         raise DataError(f"{cfg.path} has no rows")
