@@ -33,7 +33,7 @@ CAPTURED, IC_GAP = 0.8, 0.1  # the pass thresholds
 
 
 def run_control(
-    name: str, out: Path, overrides: list[str], lazy: bool = False, instruments: int = 8
+    name: str, out: Path, overrides: list[str], lazy: bool = False, instruments: int = 16
 ) -> dict:
     """Train on control `name` in `out`/<name> and score it; the summary's figures beside."""
     work = out / (name + ("_lazy" if lazy else ""))
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--controls", default=",".join(CONTROLS))
     parser.add_argument("--lazy", action="store_true", help="the disk-backed window store")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--instruments", type=int, default=8, help="of each control's panel")
+    parser.add_argument("--instruments", type=int, default=16, help="of each control's panel")
     args, overrides = parser.parse_known_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="foxhunt-controls-"))
     results = [

@@ -23,8 +23,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from foxhunt.config import DataConfig, register_configs
+from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import MONTH_CODES, Contract, third_friday
+from foxhunt.evaluation.controls import baseline_forecasts, make_control, score
 from foxhunt.models import TemporalFusionTransformer
+from foxhunt.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -266,3 +269,37 @@ def make_batch(
         "static_cat": static_cat,
         "static_real": torch.randn(batch, model.num_static_real, generator=gen),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Positive controls (foxhunt.evaluation.controls)
+# --------------------------------------------------------------------------------------------
+
+CAPTURED, IC_GAP = 0.8, 0.1  # 80% of the oracle's gain at horizon 1, its IC within 0.1
+
+
+def check_control(tmp_path: Path, name: str, lazy: bool = False) -> None:
+    """Train control `name` with the default recipe; the TFT must find what is planted, and the
+    linear and LightGBM baselines what they can represent (a linear mean: observed, ar1)."""
+    control = make_control(name, tmp_path)
+    cfg = compose_train(
+        *control.overrides,
+        f"data.lazy={str(lazy).lower()}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "report=false",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+    )
+    train(cfg, tmp_path / "run")
+    found = score(control, pq.read_table(tmp_path / "run" / "test_forecasts.parquet"))
+    assert found["captured"] >= CAPTURED, found
+    assert abs(found["model_ic_h1"] - found["oracle_ic_h1"]) <= IC_GAP, found
+    if lazy:
+        return
+    datamodule = ParquetDataModule(cfg.data, seed=cfg.seed)
+    datamodule.setup()
+    theirs = baseline_forecasts(datamodule.datasets, datamodule.schema, list(cfg.model.quantiles))
+    ic = {n: score(control, t)["model_ic_h1"] for n, t in theirs.items()}
+    for who in ("linear", "lightgbm") if name in ("observed", "ar1") else ("lightgbm",):
+        if who in ic:  # lightgbm: the baselines extra
+            assert abs(ic[who] - found["oracle_ic_h1"]) <= IC_GAP, (who, ic, found)

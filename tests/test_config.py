@@ -10,6 +10,7 @@ import lightning as L
 import numpy as np
 import pytest
 from hydra.errors import ConfigCompositionException
+from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
 from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, validate
@@ -40,7 +41,7 @@ def test_groups_compose_and_validate(overrides, tmp_path):
     assert OmegaConf.to_container(cfg, resolve=True)["trainer"]["max_epochs"] > 0
     # and Hydra builds their objects (before any data is read)
     callbacks = make_callbacks(cfg.callbacks, tmp_path / "checkpoints")
-    assert [type(c) for c in callbacks] == [BestCheckpoint]  # early stopping: no patience
+    assert [type(c) for c in callbacks] == [BestCheckpoint, EarlyStopping]  # patience 3
     assert callbacks[0].dirpath == str(tmp_path / "checkpoints")
     if cfg.logger.name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         with pytest.raises(ConfigError, match="invalid logger setting: .*tensorboard"):

@@ -141,6 +141,23 @@ def run(
     """Call a `@hydra.main` function. A config Hydra cannot compose (an unknown key, a value of
     the wrong type or outside an enum) is the user's error: one line, exit 2, before any task
     starts. `resume` rewrites the command line first (into an earlier run's directory)."""
+    global _task_started
+    _task_started = False
+    # the switches below last for this call only: a test (or any program) that runs several
+    # commands in one process must not inherit them
+    saved = {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", _SET_BY_FOXHUNT)}
+    try:
+        _run(hydra_main, resume)
+    finally:
+        _task_started = False
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run(hydra_main: Callable[[], Any], resume: Callable[[list[str]], list[str]]) -> None:
     register_configs()
     use_cpus()  # intra-op threads: the CPUs this process may use (foxhunt.threads)
     try:

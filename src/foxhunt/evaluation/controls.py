@@ -137,7 +137,7 @@ def _returns(name: str, rng: np.random.Generator, bars: int) -> Series:
 
 
 def make_control(
-    name: str, directory: Path, instruments: int = 8, bars: int = 1500, seed: int = 0
+    name: str, directory: Path, instruments: int = 16, bars: int = 1500, seed: int = 0
 ) -> Control:
     """Write control `name`'s panel to `directory`/<name>.parquet (daily OHLCV bars of
     `instruments` instruments on one business-day calendar); return it with its oracle."""
