@@ -72,6 +72,24 @@ def with_(cfg: DataConfig, **changes) -> DataConfig:
     return replace(cfg, **changes)
 
 
+def futures_cfg(
+    path: Path | str, confirm_bars: int = 2, cache_dir: Path | None = None
+) -> DataConfig:
+    """A data config reading a contract file (or folder) at `path` with data.futures on."""
+    cfg = DataConfig(
+        path=str(path),
+        group_column="symbol",
+        features="ohlcv",
+        encoder_length=16,
+        prediction_length=4,
+        lazy=False,
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
+    cfg.futures.enabled = True
+    cfg.futures.roll.confirm_bars = confirm_bars
+    return cfg
+
+
 def ohlcv_cfg(cfg: DataConfig, path: Path | str) -> DataConfig:
     """`cfg` on OHLCV bars at `path` (the ES sample's schema): derived features, 32-bar encoder,
     a lazy store (if any) in a `cache` folder beside the file."""

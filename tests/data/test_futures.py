@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import foxhunt
-from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
     MONTH_CODES,
@@ -32,7 +31,16 @@ from foxhunt.errors import ConfigError, DataError
 from foxhunt.interpret import _roll_marks
 from foxhunt.report import _rolls_section
 from foxhunt.train import train
-from tests.helpers import DAY, PRICES, YEAR, compose_train, contracts_table, listing, ns
+from tests.helpers import (
+    DAY,
+    PRICES,
+    YEAR,
+    compose_train,
+    contracts_table,
+    futures_cfg,
+    listing,
+    ns,
+)
 from tests.test_predict import _run_cli
 
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
@@ -264,20 +272,6 @@ def contract_file(path, contango: float = 0.02) -> tuple:
     cs, path_prices = contracts("ratio", contango=contango)
     pq.write_table(contracts_table(cs), path)
     return cs, path_prices
-
-
-def futures_cfg(path) -> DataConfig:
-    cfg = DataConfig(
-        path=str(path),
-        group_column="symbol",
-        features="ohlcv",
-        encoder_length=16,
-        prediction_length=4,
-        lazy=False,
-    )
-    cfg.futures.enabled = True
-    cfg.futures.roll.confirm_bars = 2
-    return cfg
 
 
 def futures_run(path) -> list[str]:

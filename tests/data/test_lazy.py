@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.config import DataConfig
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import CONSTANT
@@ -24,6 +23,7 @@ from tests.helpers import (
     T0,
     compose_train,
     contracts_table,
+    futures_cfg,
     listing,
     make_table,
     ohlcv_cfg,
@@ -342,21 +342,6 @@ def test_a_feature_constant_over_the_training_split_is_dropped_alike(tmp_path, d
 # ---- futures: a root's contracts read together ----
 
 
-def futures_data_cfg(path: Path, tmp_path: Path) -> DataConfig:
-    cfg = DataConfig(
-        path=str(path),
-        group_column="symbol",
-        features="ohlcv",
-        encoder_length=16,
-        prediction_length=4,
-        lazy=False,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    cfg.futures.enabled = True
-    cfg.futures.roll.confirm_bars = 3
-    return cfg
-
-
 @pytest.mark.parametrize("layout", ["per_contract", "per_month"])
 def test_futures_lazy_match_eager(tmp_path, layout):
     """Two roots of 3-4 listed months each, the data ending mid-quarter: a file per contract
@@ -377,10 +362,10 @@ def test_futures_lazy_match_eager(tmp_path, layout):
         month = pc.strftime(table["timestamp"], "%Y-%m").to_numpy(zero_copy_only=False)
         for m in np.unique(month):
             pq.write_table(table.filter(pa.array(month == m)), folder / f"{m}.parquet")
-    eager = setup(futures_data_cfg(one, tmp_path))
-    lazy_dm = setup(with_(futures_data_cfg(folder, tmp_path), lazy=True))
+    eager = setup(futures_cfg(one, 3, tmp_path / "cache"))
+    lazy_dm = setup(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
     assert lazy_dm.store_path is not None and eager.schema.groups == ["ES", "NQ"]
     assert len(eager.rolls) == 14 and lazy_dm.rolls == eager.rolls
     assert_same(eager, lazy_dm)
-    reused = setup(with_(futures_data_cfg(folder, tmp_path), lazy=True))
+    reused = setup(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
     assert reused.rolls == eager.rolls  # from the store's meta.json, not read again
