@@ -35,6 +35,7 @@ from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.schema import DataSchema
 from foxhunt.evaluation.baselines import fit_baselines, forecast_all
 from foxhunt.evaluation.forecasts import forecast_table
+from foxhunt.evaluation.stats import pinball_per_quantile
 from foxhunt.files import write_atomic
 
 CONTROLS = ("observed", "known", "static", "ar1")
@@ -182,12 +183,6 @@ def make_control(
     return Control(name, path, tuple(overrides), days, series)
 
 
-def pinball(pred: np.ndarray, actual: np.ndarray, quantiles: np.ndarray) -> float:
-    """Mean pinball loss of `pred` [n, Q] against `actual` [n]."""
-    diff = actual[:, None] - pred
-    return float(np.mean(np.maximum(quantiles * diff, (quantiles - 1) * diff)))
-
-
 def baseline_forecasts(
     datasets: dict[str, WindowDataset],
     schema: DataSchema,
@@ -235,8 +230,10 @@ def score(control: Control, table: pa.Table, train_end_ns: int | None = None) ->
     median = int(np.argmin(np.abs(q - 0.5)))
     h1 = horizon == 1
     forecasts = {"model": pred, "oracle": oracle, "unconditional": unconditional}
-    losses = {k: pinball(v, actual, q) for k, v in forecasts.items()}
-    at_h1 = {k: pinball(v[h1], actual[h1], q) for k, v in forecasts.items()}
+    losses = {k: float(pinball_per_quantile(v, actual, q).mean()) for k, v in forecasts.items()}
+    at_h1 = {
+        k: float(pinball_per_quantile(v[h1], actual[h1], q).mean()) for k, v in forecasts.items()
+    }
     return {
         "control": control.name,
         "windows": int(h1.sum()),
