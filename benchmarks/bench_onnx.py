@@ -5,7 +5,7 @@
 
 For each model (tft_small on the bundled sample's 23 features; tft_base with
 data.ohlcv.num_features=225, as benchmarks/bench_precision.py sizes them), untrained weights:
-the export as `scripts/export.py` makes it (`foxhunt.export.to_onnx`: torch.export, then
+the export as `scripts/export.py` makes it (`foxhunt.app.export.to_onnx`: torch.export, then
 torch.onnx), then the forward pass of PyTorch eager (`torch.inference_mode`, the fused variable
 selection's inference path) and of ONNX Runtime's CPU provider on the same random windows,
 alternating (eager, ONNX Runtime, eager, ...) so that drift of a shared machine hits both
@@ -31,9 +31,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 
-from foxhunt.config import register_configs
-from foxhunt.data.schema import describe
-from foxhunt.export import (
+from foxhunt.app.export import (
     MIN_OPSET,
     OUTPUT,
     OnnxModel,
@@ -42,6 +40,8 @@ from foxhunt.export import (
     onnx_session,
     to_onnx,
 )
+from foxhunt.config import register_configs
+from foxhunt.data.schema import describe
 from foxhunt.training.module import build_model
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

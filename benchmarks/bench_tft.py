@@ -45,12 +45,12 @@ from torch import Tensor, nn
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.synthetic import synthetic_panel
+from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory import MB, PARTS
 from foxhunt.memory.table import breakdown_rows, format_table
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.threads import CpuShare
 from foxhunt.threads import off as threads_off
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.step import train_step, validation_forward
 
 # pytorch-forecasting and Lightning warn about things that do not matter to a benchmark

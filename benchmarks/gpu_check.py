@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from foxhunt.data.schema import random_batch
+from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.files import write_json, write_text
 from foxhunt.memory import MB, estimate, measure
 from foxhunt.memory.budget import LiveTensorBytes, device_budget, free_memory, live_tensors
@@ -69,7 +70,6 @@ from foxhunt.memory.estimator import _plan
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.memory.table import format_table
 from foxhunt.models.blocks import VariableSelectionNetwork
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 
@@ -956,7 +956,7 @@ SEED_PHASES = (
     ("baselines_logged", "the quality evaluation, the export and the summary"),
     ("summary_written", "finished"),
 )
-# a Hydra job log line: [2026-11-30 16:54:28,866][foxhunt.train][INFO] - message
+# a Hydra job log line: [2026-11-30 16:54:28,866][foxhunt.app.train][INFO] - message
 LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\]\[(\w+)\] - (.*)$")
 BASELINES_LINE = re.compile(r"baselines: fit and scored in ([\d.]+) s")
 

@@ -7,8 +7,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from foxhunt import backtest, cli
-from foxhunt.report import console_summary
+from foxhunt.app import backtest, cli
+from foxhunt.app.report import console_summary
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="backtest")

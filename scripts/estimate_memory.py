@@ -13,7 +13,7 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from foxhunt import cli
+from foxhunt.app import cli
 from foxhunt.config import validate
 from foxhunt.memory import MB, MemoryEstimate, estimate, max_batch_size, measure
 from foxhunt.memory.table import breakdown_rows, format_table

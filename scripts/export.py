@@ -13,8 +13,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from foxhunt import cli
-from foxhunt.export import export_command, register_config
+from foxhunt.app import cli
+from foxhunt.app.export import export_command, register_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="export")

@@ -13,8 +13,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from foxhunt import cli
-from foxhunt.predict_cli import predict_command, register_config
+from foxhunt.app import cli
+from foxhunt.app.predict_cli import predict_command, register_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")

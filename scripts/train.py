@@ -8,10 +8,11 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from foxhunt import cli
-from foxhunt.report import console_summary
-from foxhunt.sweep import finished_job
-from foxhunt.train import train
+from foxhunt.app import cli
+from foxhunt.app.report import console_summary
+from foxhunt.app.train import train
+from foxhunt.run import resume
+from foxhunt.run.dir import RunDir
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -20,7 +21,9 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # +sweep.resume=true: a job that finished is not re-run
-    summary = finished_job(run_dir, sweep_resumed=bool(cfg.get("sweep", {}).get("resume")))
+    summary = None
+    if cfg.get("sweep", {}).get("resume"):
+        summary = resume.finished(RunDir(run_dir), "sweep.resume: job")
     if summary is None:
         summary = train(cfg, run_dir, overrides=list(hydra_cfg.overrides.task))
     if rank_zero_only.rank == 0:  # under DDP every process runs this script; one prints

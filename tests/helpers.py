@@ -22,12 +22,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from foxhunt.app.train import train
 from foxhunt.config import DataConfig, register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import MONTH_CODES, Contract, third_friday
 from foxhunt.evaluation.controls import baseline_forecasts, make_control, score
 from foxhunt.models import TemporalFusionTransformer
-from foxhunt.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")

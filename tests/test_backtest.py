@@ -18,13 +18,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from foxhunt import backtest
+from foxhunt.app import backtest
+from foxhunt.app.train import train
 from foxhunt.config import register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.read import timeline
 from foxhunt.data.splits import NO_CUT, NO_START, SPLITS
 from foxhunt.errors import ConfigError, FoxhuntError
-from foxhunt.train import train
 from foxhunt.training.checkpoint_io import read_checkpoint
 from foxhunt.training.checkpointing import Interrupted
 from tests.helpers import (

@@ -13,9 +13,9 @@ from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
+from foxhunt.app.train import make_callbacks, make_logger, make_trainer
 from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, validate
 from foxhunt.errors import ConfigError
-from foxhunt.train import make_callbacks, make_logger, make_trainer
 from foxhunt.training.checkpointing import BestCheckpoint
 from tests.helpers import compose_train
 

@@ -28,15 +28,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import foxhunt  # noqa: E402
-from foxhunt import cli  # noqa: E402
-from foxhunt.config import DataConfig  # noqa: E402
-from foxhunt.data.columns import OHLCV_FIELDS  # noqa: E402
-from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
-from foxhunt.data.features import derive_features, feature_plan, ohlcv_spec  # noqa: E402
-from foxhunt.data.futures import continuous_table  # noqa: E402
-from foxhunt.data.read import _handle_non_finite  # noqa: E402
-from foxhunt.data.schema import describe  # noqa: E402
-from foxhunt.export import (  # noqa: E402
+from foxhunt.app import cli  # noqa: E402
+from foxhunt.app.export import (  # noqa: E402
     JSON_FILE,
     ONNX_FILE,
     ExportError,
@@ -49,16 +42,23 @@ from foxhunt.export import (  # noqa: E402
     onnx_feed,
     onnx_session,
 )
+from foxhunt.app.predict import build_windows  # noqa: E402
+from foxhunt.app.train import train  # noqa: E402
+from foxhunt.config import DataConfig  # noqa: E402
+from foxhunt.data.columns import OHLCV_FIELDS  # noqa: E402
+from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
+from foxhunt.data.features import derive_features, feature_plan, ohlcv_spec  # noqa: E402
+from foxhunt.data.futures import continuous_table  # noqa: E402
+from foxhunt.data.read import _handle_non_finite  # noqa: E402
+from foxhunt.data.schema import describe  # noqa: E402
 from foxhunt.models import fused_vsn  # noqa: E402
 from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
-from foxhunt.predict import build_windows  # noqa: E402
 from foxhunt.quantization.qat import (  # noqa: E402
     _QuantizeInput,
     export_int8,
     prepare_qat,
     set_qat_phase,
 )
-from foxhunt.train import train  # noqa: E402
 from foxhunt.training.module import TFTModule, model_init  # noqa: E402
 from tests.helpers import (  # noqa: E402
     DAY,

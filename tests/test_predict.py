@@ -18,15 +18,15 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt import cli
+from foxhunt.app import cli
+from foxhunt.app.predict import _future_steps, build_windows
+from foxhunt.app.train import train
 from foxhunt.data.features import derive_features
-from foxhunt.data.future import Future
+from foxhunt.data.horizon import Future
 from foxhunt.data.read import Series
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
-from foxhunt.predict import _future_steps, build_windows
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
-from foxhunt.train import train
 from foxhunt.training.module import TFTModule, model_init
 from tests.helpers import FIVE_MIN, ROOT, compose_train, make_table, tiny_overrides, write_table
 

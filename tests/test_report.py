@@ -14,10 +14,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from foxhunt.app.interpret import PLOTS, variable_names
+from foxhunt.app.report import LEARNING_CURVES, learning_curves, report_run
+from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.interpret import PLOTS, variable_names
-from foxhunt.report import LEARNING_CURVES, learning_curves, report_run
-from foxhunt.train import train
 from foxhunt.training.module import TFTModule
 from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table
 

@@ -280,7 +280,7 @@ class MemoryConfig:
 
 @dataclass
 class BacktestConfig:
-    """Walk-forward folds (`foxhunt.backtest`); spans are bars of the common timeline."""
+    """Walk-forward folds (`foxhunt.app.backtest`); spans are bars of the common timeline."""
 
     folds: int = 5
     mode: BacktestMode = BacktestMode.expanding  # rolling: train_span bars of training per fold

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from foxhunt.app.report import _data_section
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.read import TIME_UNITS, load_table
 from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, DataError
-from foxhunt.report import _data_section
 from tests.helpers import FIVE_MIN, T0, make_table, ohlcv_cfg, with_, write_table
 
 

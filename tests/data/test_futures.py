@@ -16,6 +16,9 @@ import pytest
 import torch
 
 import foxhunt
+from foxhunt.app.interpret import _roll_marks
+from foxhunt.app.report import _rolls_section
+from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
     MONTH_CODES,
@@ -28,9 +31,6 @@ from foxhunt.data.futures import (
     third_friday,
 )
 from foxhunt.errors import ConfigError, DataError
-from foxhunt.interpret import _roll_marks
-from foxhunt.report import _rolls_section
-from foxhunt.train import train
 from tests.helpers import (
     DAY,
     PRICES,

@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from foxhunt.app.predict import build_windows
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import CONSTANT
 from foxhunt.data.splits import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
-from foxhunt.predict import build_windows
 from tests.helpers import (
     FIVE_MIN,
     T0,

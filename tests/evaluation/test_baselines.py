@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from foxhunt.app.report import _baselines_section
+from foxhunt.app.train import train
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.evaluation import baselines
@@ -23,9 +25,7 @@ from foxhunt.evaluation.baselines import (
     seasons,
     skill,
 )
-from foxhunt.report import _baselines_section
-from foxhunt.train import train
-from foxhunt.training.metrics import quantile_loss
+from foxhunt.evaluation.loss import quantile_loss
 from tests.helpers import FIVE_MIN, T0, compose_train, make_table, tiny_overrides, write_table
 
 QUANTILES = [0.1, 0.5, 0.9]

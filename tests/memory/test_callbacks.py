@@ -9,10 +9,10 @@ import lightning as L
 import pytest
 import torch
 
+from foxhunt.app.train import train
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory import MB, estimate
 from foxhunt.memory.budget import LiveTensorBytes, cuda_fraction, live_tensors
-from foxhunt.train import train
 from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 
 

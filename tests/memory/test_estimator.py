@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from foxhunt.app.train import train
 from foxhunt.data.schema import describe
 from foxhunt.errors import ConfigError
 from foxhunt.memory import (
@@ -25,7 +26,6 @@ from foxhunt.memory import (
 from foxhunt.memory.budget import live_tensors
 from foxhunt.memory.estimator import resolve_device
 from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
-from foxhunt.train import train
 from foxhunt.training.module import build_model
 from tests.helpers import compose_train, run_cli
 

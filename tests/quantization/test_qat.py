@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
+from foxhunt.app.train import train
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
-from foxhunt.train import train
 from tests.helpers import compose_train, make_batch, tiny_overrides
 
 INIT = dict(

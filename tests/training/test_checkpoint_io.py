@@ -16,10 +16,10 @@ import torch
 from safetensors import safe_open
 
 import foxhunt
+from foxhunt.app.train import train
 from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic
 from foxhunt.quantization import load_int8
-from foxhunt.train import train
 from tests.helpers import (
     ROOT,
     compose_train,

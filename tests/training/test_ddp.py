@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.memory import estimate
 from foxhunt.memory.estimator import MB
-from foxhunt.train import train
 from tests.helpers import (
     SMALL_MODEL,
     compose_train,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss, quantile_loss
+from foxhunt.evaluation.loss import quantile_loss
+from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
 
 
 def test_quantile_loss_by_hand():

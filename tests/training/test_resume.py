@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 import torch
 
-from foxhunt.train import train
+from foxhunt.app.train import train
 from foxhunt.training.checkpointing import Interrupted
 from tests.helpers import compose_train, run_cli, tiny_overrides, train_until_a_checkpoint
 

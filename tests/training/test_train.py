@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from foxhunt.app.train import SUMMARY_METRICS, train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, ConfigError
-from foxhunt.train import SUMMARY_METRICS, train
+from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.training.checkpoint_io import read_checkpoint_hparams
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import TFTModule
 from tests.helpers import FIVE_MIN, T0, compose_train, run_cli, tiny_overrides
 

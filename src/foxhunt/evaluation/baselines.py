@@ -38,7 +38,7 @@ import torch
 
 from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.splits import mean_std
-from foxhunt.training.metrics import quantile_loss
+from foxhunt.evaluation.loss import quantile_loss
 
 DAY_NS = 86_400 * 10**9
 SEASON_NS = 30 * 60 * 10**9  # the shortest time-of-day bucket
@@ -436,7 +436,7 @@ def score_baselines(
 ) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
-    test dataset's order; `foxhunt.evaluation.forecasts.forecast_test`) when given. Returns
+    test dataset's order; `foxhunt.app.train.forecast_test`) when given. Returns
     ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
     {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,

@@ -4,14 +4,11 @@ to `test_forecasts.parquet` (a walk-forward backtest pools its folds' files)."""
 
 from __future__ import annotations
 
-import lightning as L
 import numpy as np
 import pyarrow as pa
-import torch
 
 from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.schema import DataSchema
-from foxhunt.training.step import validation_forward
 
 FORECASTS = "test_forecasts.parquet"
 
@@ -32,25 +29,6 @@ def quantile_levels(table: pa.Table) -> list[float]:
         except ValueError:  # another column that starts with q
             continue
     return sorted(levels)
-
-
-@torch.inference_mode()
-def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
-    """[windows, H, Q] the module's quantile forecasts (normalized units) of every test window,
-    in the test dataset's order: the unsharded loader (rank 0 forecasts them all), under the
-    Trainer's precision, as the test step made them."""
-    datamodule = trainer.datamodule
-    preds = []
-    was_training = module.training
-    module.eval()
-    with trainer.precision_plugin.forward_context():
-        for batch in datamodule.test_dataloader(sharded=False):  # in order: no shuffle
-            batch = {k: v.to(module.device) for k, v in batch.items()}
-            preds.append(validation_forward(module.model, batch).float().cpu())
-    module.train(was_training)
-    pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
-    assert len(pred) == len(datamodule.datasets["test"]), "the test loader skipped windows"
-    return pred
 
 
 def forecast_table(

@@ -25,11 +25,11 @@ import lightning as L
 import torch
 
 from foxhunt.errors import ConfigError
+from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory.budget import MB, device_total, free_memory, live_tensors, reset_peaks
 from foxhunt.memory.callbacks import OutOfMemoryAtMinimum, batch_one_needs
 from foxhunt.memory.estimator import fixed_val_batch_size, max_batch_size
 from foxhunt.memory.gallop import largest_fitting
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.step import train_step, validation_forward
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from foxhunt.data.schema import DataSchema, random_batch
+from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory.budget import MB, counting_suspended
 from foxhunt.quantization.qat import bake_weight_fake_quant
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from foxhunt.training.metrics import quantile_loss
+from foxhunt.evaluation.loss import quantile_loss
 
 Batch = dict[str, torch.Tensor]
 

@@ -4,7 +4,7 @@ The last `folds x test_span` bars of the common timeline (every distinct time of
 are the folds' test periods, consecutive and in order. Fold k validates on the `val_span` bars
 just before its test period and trains on what comes before that: everything from the data's
 start (mode=expanding) or the last `train_span` bars (mode=rolling), with data.split.embargo bars
-kept out before each cut. A fold is an ordinary training run (`foxhunt.train.train` with its
+kept out before each cut. A fold is an ordinary training run (`foxhunt.app.train.train` with its
 data.split.* cut times) in its own run directory: `fold-<k>/` of the backtest directory, or a
 multirun's job directory (`-m backtest.fold=0,1,2,3,4`, any Hydra launcher), which writes its
 test windows' forecasts to `test_forecasts.parquet` as every run does; `summarize` pools the
@@ -30,7 +30,9 @@ import pyarrow.parquet as pq
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.cli import resume_sweep
+from foxhunt.app.report import instrument_table
+from foxhunt.app.sweep import SweepSummary, markdown_table
+from foxhunt.app.train import train
 from foxhunt.config import EvalConfig
 from foxhunt.data.columns import resolve_target_kind
 from foxhunt.data.read import timeline
@@ -42,10 +44,9 @@ from foxhunt.evaluation.forecasts import FORECASTS, quantile_column
 from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
 from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import write_atomic, write_json, write_text
-from foxhunt.report import instrument_table
-from foxhunt.rundir import experiment_key
-from foxhunt.sweep import SweepSummary, markdown_table
-from foxhunt.train import train
+from foxhunt.run import resume
+from foxhunt.run.dir import RunDir
+from foxhunt.run.resume import resume_backtest
 from foxhunt.training.checkpointing import Interrupted
 
 log = logging.getLogger(__name__)
@@ -213,23 +214,22 @@ def run_fold(
     work there counts: a fold with summary.json is done, one with checkpoints/last.ckpt
     resumes from it (foxhunt's exact resume). `record_config`: write the fold's .hydra/ as
     Hydra does for a run of its own (predict and interpret read the data config there)."""
-    done = fold_dir / "summary.json"
-    if done.is_file():
-        log.info("backtest: fold %d finished earlier, in %s", fold.index, fold_dir)
-        return json.loads(done.read_text())
+    run = RunDir(fold_dir)
+    if (done := resume.finished(run, f"backtest: fold {fold.index}")) is not None:
+        return done
     fold_cfg = fold_config(cfg, fold)
     if record_config:
-        (fold_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        write_text(fold_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(fold_cfg))
-        write_text(fold_dir / ".hydra" / "overrides.yaml", OmegaConf.to_yaml(list(overrides)))
-    last = fold_dir / "checkpoints" / "last.ckpt"
-    if last.is_file():
-        fold_cfg.ckpt_path = str(last.resolve())
+        run.hydra.mkdir(parents=True, exist_ok=True)
+        write_text(run.config, OmegaConf.to_yaml(fold_cfg))
+        write_text(run.overrides, OmegaConf.to_yaml(list(overrides)))
+    last = resume.interrupted(run)
+    if last is not None:
+        fold_cfg.ckpt_path = str(last)
     log.info(
         "backtest: fold %d (train from %s, validation from %s, test %s to %s)%s",
         fold.index,
         *(v or "the data's edge" for v in fold.split().values()),
-        f", resuming from {last}" if last.is_file() else "",
+        f", resuming from {last}" if last else "",
     )
     try:
         return train(fold_cfg, fold_dir, overrides=overrides, init_weights=init_weights)
@@ -542,31 +542,6 @@ class BacktestSweep(SweepSummary):
 
 
 def resume_argv(argv: list[str], root: Path = Path("outputs")) -> list[str]:
-    """`resume=auto` (or auto_or_new) without a hydra.run.dir: send the backtest into the
-    newest earlier backtest directory of the same overrides under `root`, where its finished
-    folds are kept and an interrupted one resumes. A multirun resumes as sweeps do."""
-    if {"-m", "--multirun"} & set(argv):
-        return resume_sweep(argv)
-    resume = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "resume"), None)
-    if resume not in ("auto", "auto_or_new"):
-        return argv
-    if any(a.split("=", 1)[0] == "hydra.run.dir" for a in argv):
-        return argv
-    task = [a for a in argv if "=" in a and not a.lstrip("+~").startswith("hydra")]
-    wanted = experiment_key(task)
-    found = [
-        p.parent
-        for p in root.glob(f"*/*/{PLAN}")
-        if (p.parent / ".hydra" / "overrides.yaml").is_file()
-        and experiment_key(OmegaConf.load(p.parent / ".hydra" / "overrides.yaml")) == wanted
-    ]
-    if not found:
-        if resume == "auto_or_new":
-            return argv
-        raise FoxhuntError(
-            f"resume=auto found no earlier backtest with the same overrides under "
-            f"{root.resolve()}; give hydra.run.dir=<its directory> or use resume=auto_or_new"
-        )
-    backtest_dir = max(found, key=lambda p: (p / PLAN).stat().st_mtime)
-    print(f"resume: continuing the backtest in {backtest_dir}", file=sys.stderr)
-    return [*argv, f"hydra.run.dir={backtest_dir}"]
+    """scripts/backtest.py's command line, sent into the earlier backtest it resumes
+    (`foxhunt.run.resume.resume_backtest`)."""
+    return resume_backtest(argv, PLAN, root)

@@ -2,7 +2,7 @@
 
 In Python `foxhunt.load(path).predict(table_or_path)`; on the command line
 `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`
-(`foxhunt.predict_cli`). The model is a checkpoint (.ckpt, run in float32)
+(`foxhunt.app.predict_cli`). The model is a checkpoint (.ckpt, run in float32)
 or an export (`model_fp32.safetensors`; `model_int8.safetensors` on CPU). Its schema fixes the
 columns, the normalization and the window lengths; the data config (column names,
 features=ohlcv, NaN policy) is that of the checkpoint's training run, with any changes given on
@@ -33,11 +33,12 @@ import pyarrow.compute as pc
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.app.inference import run_device, training_data_config
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import WindowDataset, resolve_intraday, window_tensors
 from foxhunt.data.features import KNOWN_CALENDAR
-from foxhunt.data.future import Future, known_at, split_future
+from foxhunt.data.horizon import Future, known_at, split_future
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.source import open_dataset
@@ -45,7 +46,6 @@ from foxhunt.data.splits import normalized_statics
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
-from foxhunt.inference import run_device, training_data_config
 from foxhunt.quantization import set_qat_phase
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
 from foxhunt.training.checkpoint_io import load_module, load_weights, read_checkpoint

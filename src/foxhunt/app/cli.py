@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config import register_configs
 from foxhunt.errors import FoxhuntError, WriteError
 from foxhunt.files import write_json
+from foxhunt.run.resume import resume_sweep
 from foxhunt.threads import use_cpus
 from foxhunt.training.checkpointing import Interrupted
 
@@ -80,48 +80,6 @@ def _record_status(status: str, error: str) -> None:
         write_json(out / "status.json", {"status": status, "error": error})
     except WriteError:
         pass  # an unwritable run directory: the error line already said what failed
-
-
-def _is_override(arg: str, key: str) -> bool:
-    return not arg.startswith("-") and arg.split("=", 1)[0].lstrip("+~") == key
-
-
-def _task_overrides(args: list[str]) -> set[str]:
-    """What identifies a sweep: its task overrides (hydra.* and the resume switch aside), as
-    Hydra records them in the sweep's multirun.yaml."""
-    return {
-        a
-        for a in args
-        if "=" in a
-        and not a.startswith("-")
-        and not a.lstrip("+~").startswith("hydra")
-        and not _is_override(a, "sweep.resume")
-    }
-
-
-def resume_sweep(argv: list[str], root: Path = Path("multirun")) -> list[str]:
-    """`-m ... +sweep.resume=true` without a hydra.sweep.dir: send the sweep into the newest
-    earlier sweep directory of the same command under `root` (found by its multirun.yaml),
-    where its finished jobs are skipped and its interrupted jobs resume from their last.ckpt."""
-    resume = any(_is_override(a, "sweep.resume") and a.endswith("=true") for a in argv)
-    if not resume or not {"-m", "--multirun"} & set(argv):
-        return argv
-    if any(_is_override(a, "hydra.sweep.dir") for a in argv):
-        return argv
-    wanted = _task_overrides(argv)
-    found = [
-        p
-        for p in root.glob("*/*/multirun.yaml")
-        if _task_overrides(list(OmegaConf.load(p).hydra.overrides.task)) == wanted
-    ]
-    if not found:
-        raise FoxhuntError(
-            f"+sweep.resume=true found no earlier sweep of this command (same overrides) "
-            f"under {root.resolve()}; give hydra.sweep.dir=<its directory> or drop the switch"
-        )
-    sweep_dir = max(found, key=lambda p: p.stat().st_mtime).parent
-    print(f"sweep.resume: continuing the sweep in {sweep_dir}", file=sys.stderr)
-    return [*argv, f"hydra.sweep.dir={sweep_dir}"]
 
 
 def _one_line(exc: Exception) -> str:

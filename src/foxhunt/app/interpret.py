@@ -14,12 +14,12 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from foxhunt.app.inference import run_device, training_data_config
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import check_writable, write_json
-from foxhunt.inference import run_device, training_data_config
 from foxhunt.quantization import set_qat_phase
 from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -41,3 +42,16 @@ def training_data_config(ckpt_path: Path) -> DictConfig | None:
     # onto today's defaults: a run made before a data key existed lacks it
     known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
     return OmegaConf.merge(OmegaConf.structured(DataConfig), known)
+
+
+def data_changes(data: DictConfig, overrides: list[str]) -> tuple[bool, dict[str, Any]]:
+    """From the command line's overrides: whether a data option was chosen (`data=parquet`),
+    and the data keys set (`data.path=...`), with their values in the composed `data`."""
+    chosen, changes = False, OmegaConf.create({})
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "data":
+            chosen = True
+        elif key.startswith("data."):
+            OmegaConf.update(changes, key[5:], OmegaConf.select(data, key[5:]), force_add=True)
+    return chosen, OmegaConf.to_container(changes)

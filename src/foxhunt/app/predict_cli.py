@@ -1,5 +1,5 @@
 """The predict command line: `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=x`
-forecasts with `foxhunt.predict`, writes predictions.parquet (into the run directory or
+forecasts with `foxhunt.app.predict`, writes predictions.parquet (into the run directory or
 predict.out) and prints a preview and where it wrote."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from foxhunt.app.inference import data_changes
+from foxhunt.app.predict import load
 from foxhunt.config import DataConfig
 from foxhunt.errors import ConfigError
 from foxhunt.files import check_writable, write_atomic
-from foxhunt.predict import load
 
 
 @dataclass
@@ -42,19 +43,6 @@ class PredictConfig:
 def register_config() -> None:
     """Register the predict schema so conf/predict.yaml is type-checked at composition."""
     ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
-
-
-def data_changes(data: DictConfig, overrides: list[str]) -> tuple[bool, dict[str, Any]]:
-    """From the command line's overrides: whether a data option was chosen (`data=parquet`),
-    and the data keys set (`data.path=...`), with their values in the composed `data`."""
-    chosen, changes = False, OmegaConf.create({})
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if key == "data":
-            chosen = True
-        elif key.startswith("data."):
-            OmegaConf.update(changes, key[5:], OmegaConf.select(data, key[5:]), force_add=True)
-    return chosen, OmegaConf.to_container(changes)
 
 
 def preview(table: pa.Table, rows: int) -> str:

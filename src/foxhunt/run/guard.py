@@ -16,48 +16,20 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from foxhunt.errors import FoxhuntError
 from foxhunt.files import check_writable
+from foxhunt.run import resume
+from foxhunt.run.dir import RunDir
 
 LOCK_NAME = ".foxhunt.lock"
-# the overrides that are not part of what an experiment is (resume=auto matches on the rest)
-RESUME_KEYS = ("resume", "ckpt_path", "trainer.max_epochs", "sweep.resume")
 _held: list[FileLock] = []  # kept for the life of the process
-
-
-def experiment_key(overrides: Sequence[str]) -> set[str]:
-    """What identifies an experiment: its command-line overrides but the resume ones."""
-    return {o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS}
-
-
-def _results(run_dir: Path) -> list[str]:
-    """What an earlier run left in `run_dir` that a fresh run would overwrite."""
-    # backtest.json: a backtest's fold plan, written before its first fold (foxhunt.backtest)
-    found = [
-        p for p in ("summary.json", "multirun.yaml", "backtest.json") if (run_dir / p).exists()
-    ]
-    found += [p.name for p in (run_dir / "checkpoints").glob("*.ckpt")]
-    found += [p.parent.name for p in run_dir.glob("*/*/metrics.csv")]
-    return found
-
-
-def _continues(config: DictConfig, run_dir: Path) -> bool:
-    """Whether this run continues the run whose results are in `run_dir`."""
-    if config.get("ckpt_path"):
-        own = (run_dir / "checkpoints").resolve()
-        return Path(config.ckpt_path).expanduser().resolve().parent == own
-    marker = run_dir / ".hydra" / "overrides.yaml"
-    if config.get("resume") and marker.is_file():
-        return experiment_key(OmegaConf.load(marker)) == experiment_key(config.hydra.overrides.task)
-    return False
 
 
 def lock(run_dir: Path) -> None:
@@ -78,7 +50,7 @@ def claim(run_dir: Path, continues: bool, resumable: str) -> None:
     check_writable(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra would next
     lock(run_dir)
-    found = _results(run_dir)
+    found = RunDir(run_dir).holds_results()
     if found and not continues:
         raise FoxhuntError(
             f"{run_dir} already holds a run's results ({', '.join(found[:3])}); nothing was "
@@ -112,7 +84,7 @@ class RunDirectoryGuard(Callback):
         run_dir = Path(config.hydra.run.dir).resolve()
         if not self.results:
             return self._guard(lambda: check_writable(run_dir))
-        continues = _continues(config, run_dir)
+        continues = resume.continues(config, RunDir(run_dir))
         hint = "continue it with resume=auto or ckpt_path=<one of its checkpoints>"
         self._guard(lambda: claim(run_dir, continues, hint))
 

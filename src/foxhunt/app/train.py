@@ -10,10 +10,12 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
@@ -25,17 +27,17 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import save as safetensors_bytes
 from torch.nn.parallel import DistributedDataParallel
 
+from foxhunt.app.report import report_run
 from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
-from foxhunt.errors import CheckpointError, ConfigError
-from foxhunt.evaluation.baselines import score_baselines
-from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, forecast_test
-from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
+from foxhunt.errors import ConfigError
+from foxhunt.evaluation.forecasts import FORECASTS
+from foxhunt.evaluation.judge import judge
+from foxhunt.evaluation.quality import EQUITY_PLOT
 from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
@@ -48,24 +50,18 @@ from foxhunt.memory.callbacks import (
     memory_callbacks,
 )
 from foxhunt.memory.search import BatchSizeSearch
-from foxhunt.models import TemporalFusionTransformer
-from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.quantization.callbacks import QATSchedule
-from foxhunt.report import report_run
-from foxhunt.rundir import experiment_key
+from foxhunt.quantization.score import export_and_score_int8
+from foxhunt.run.dir import RunDir
+from foxhunt.run.resume import resume_source
 from foxhunt.threads import ShareCpus
-from foxhunt.training.checkpoint_io import (
-    SafeCheckpointIO,
-    export_weights,
-    read_checkpoint_hparams,
-)
+from foxhunt.training.checkpoint_io import SafeCheckpointIO, export_weights, read_checkpoint_hparams
 from foxhunt.training.checkpointing import (
     BestCheckpoint,
     GracefulInterrupt,
     LatestCheckpoint,
     TrainingOutcome,
 )
-from foxhunt.training.metrics import quantile_loss
 from foxhunt.training.module import (
     ModelHparams,
     OptimHparams,
@@ -73,6 +69,7 @@ from foxhunt.training.module import (
     TFTModule,
     model_init,
 )
+from foxhunt.training.step import validation_forward
 
 log = logging.getLogger(__name__)
 # a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module records how far
@@ -122,51 +119,6 @@ def make_callbacks(callbacks: DictConfig, checkpoint_dir: Path) -> list[L.Callba
     return built
 
 
-def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
-    """The newest `checkpoints/last.ckpt` of an earlier run of the same experiment: a run
-    directory beside this one (outputs/<date>/<time>/), or this one itself when it is run
-    again (a requeued cluster job), whose overrides equal `overrides` except the resume ones
-    (resume, ckpt_path, trainer.max_epochs, sweep.resume)."""
-
-    wanted = experiment_key(overrides)
-    found = []
-    for marker in Path(run_dir).resolve().parents[1].glob("*/*/.hydra/overrides.yaml"):
-        previous = marker.parent.parent
-        last = previous / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            if experiment_key(OmegaConf.load(marker)) == wanted:
-                found.append(last)
-    return max(found, key=lambda p: p.stat().st_mtime, default=None)
-
-
-def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> Path | None:
-    """The checkpoint this run continues from: `ckpt_path`, the newest earlier run of the
-    same experiment (`resume=auto`), or, for a job of a resumed sweep (`+sweep.resume=true`),
-    its own `checkpoints/last.ckpt` when an earlier attempt was interrupted."""
-    if cfg.resume is None:
-        if cfg.ckpt_path:
-            return Path(cfg.ckpt_path)
-        own = Path(run_dir) / "checkpoints" / "last.ckpt"
-        if cfg.get("sweep", {}).get("resume") and own.is_file():
-            log.info("sweep.resume: this job was interrupted; resuming it from %s", own)
-            return own
-        return None
-    if cfg.ckpt_path:
-        raise ConfigError("give either ckpt_path or resume, not both")
-    found = find_previous_run(run_dir, overrides)
-    if found is not None:
-        log.info("resume=%s: resuming from %s", cfg.resume, found)
-    elif cfg.resume == "auto_or_new":
-        log.info("resume=auto_or_new: no earlier run of this experiment, starting fresh")
-    else:
-        raise CheckpointError(
-            f"resume=auto found no earlier run of this experiment (same overrides) with "
-            f"checkpoints/last.ckpt under {Path(run_dir).resolve().parents[1]}; "
-            "use resume=auto_or_new to start fresh"
-        )
-    return found
-
-
 def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precision: str) -> None:
     """A checkpoint resumes only into the model (and precision family) it was trained as."""
     changed = [
@@ -186,6 +138,39 @@ def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precis
         )
 
 
+@dataclass
+class Resumed:
+    """What a run continues from: a checkpoint (its schema, whether in its own directory)."""
+
+    ckpt_path: Path | None = None
+    schema: DataSchema | None = None
+    in_place: bool = False
+
+
+@dataclass
+class Assembled:
+    """The parts of one run, built before fit."""
+
+    trainer: L.Trainer
+    datamodule: ParquetDataModule
+    module: TFTModule
+    checkpoint: BestCheckpoint
+    latest: LatestCheckpoint
+    outcome: TrainingOutcome
+    memory: list[L.Callback]
+
+
+@dataclass
+class Fitted:
+    """What fit and test leave: the checkpoints, how training ended, the test metrics."""
+
+    best: str
+    last: str
+    best_score: float | None
+    ended: dict[str, Any]
+    tested: dict[str, float]
+
+
 def train(
     cfg: DictConfig,
     run_dir: Path,
@@ -198,75 +183,113 @@ def train(
     `init_weights`: a checkpoint whose weights (not its optimizer or epoch) this run starts
     from, unless it resumes (a walk-forward fold fine-tuned from the previous fold's best)."""
     started = time.perf_counter()
-    validate(cfg)
-    for directory in (run_dir, run_dir / "checkpoints"):  # before any data is read
-        check_writable(directory)
-    remove_stale_temps(run_dir, run_dir / "checkpoints")  # of a killed earlier attempt
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    # plain containers for the checkpoint's hyperparameters: enums as their strings
-    model_cfg: ModelHparams = _plain(cfg.model)
-    precision_cfg: PrecisionHparams = _plain(cfg.precision)
-    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
-    optim_cfg: OptimHparams = {
-        **_plain(cfg.optim),
-        "gradient_clip_val": cfg.trainer.gradient_clip_val,
+    run = prepare(cfg, run_dir)
+    resumed = resume_point(cfg, run, overrides)
+    parts = assemble(cfg, run, resumed, extra_callbacks, init_weights)
+    fitted = fit_and_test(cfg, parts, resumed.ckpt_path)
+    origin = {
+        "resumed_from": str(resumed.ckpt_path) if resumed.ckpt_path else None,
+        "initialized_from": str(init_weights) if init_weights else None,
     }
+    summary = finish(cfg, run, parts, fitted, origin)
+    summary["wall_s"] = round(time.perf_counter() - started, 1)
+    if parts.trainer.is_global_zero:  # under DDP every process has the summary; one writes it
+        write_json(run.summary, summary)
+        if cfg.report:  # after the summary: nothing here can lose it
+            _report(cfg, run.path, summary, parts.module, parts.datamodule)
+    parts.trainer.strategy.barrier("summary")  # the other processes end with rank 0
+    return summary
 
-    ckpt_path, schema = None, None
-    resume_from = resume_source(cfg, run_dir, overrides)
-    resumed_in_place = False
-    if resume_from:
-        ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
-        remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
-        # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
-        # resumed sweep's job); otherwise the new run directory leaves the old one untouched
-        resumed_in_place = ckpt_path.parent == (Path(run_dir) / "checkpoints").resolve()
-        schema = DataSchema.from_dict(hparams["schema"])
-        _check_same_model(hparams, model_cfg, cfg.precision.name)
 
-    configured = make_callbacks(cfg.callbacks, run_dir / "checkpoints")
+def prepare(cfg: DictConfig, run_dir: Path) -> RunDir:
+    """Check the config and the run directory before any data is read; seed everything."""
+    validate(cfg)
+    run = RunDir(run_dir)
+    for directory in (run.path, run.checkpoints):
+        check_writable(directory)
+    remove_stale_temps(run.path, run.checkpoints)  # of a killed earlier attempt
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    return run
+
+
+def resume_point(cfg: DictConfig, run: RunDir, overrides: Sequence[str]) -> Resumed:
+    """The checkpoint this run continues from (`foxhunt.run.resume`), checked to be the same
+    model and precision family."""
+    resume_from = resume_source(cfg, run.path, overrides)
+    if not resume_from:
+        return Resumed()
+    ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
+    remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
+    _check_same_model(hparams, _plain(cfg.model), cfg.precision.name)
+    # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
+    # resumed sweep's job); otherwise the new run directory leaves the old one untouched
+    in_place = ckpt_path.parent == run.checkpoints.resolve()
+    return Resumed(ckpt_path, DataSchema.from_dict(hparams["schema"]), in_place)
+
+
+def assemble(
+    cfg: DictConfig,
+    run: RunDir,
+    resumed: Resumed,
+    extra_callbacks: Sequence[L.Callback],
+    init_weights: Path | None,
+) -> Assembled:
+    """The callbacks and Trainer (before the data is read: a wrong Trainer argument is one
+    line at the start), then the data and the LightningModule."""
+    configured = make_callbacks(cfg.callbacks, run.checkpoints)
     checkpoint = next((c for c in configured if isinstance(c, BestCheckpoint)), None)
     if checkpoint is None:
         raise ConfigError(
             "callbacks needs a foxhunt.training.checkpointing.BestCheckpoint (as in "
             "callbacks=default): the run tests and exports its best checkpoint"
         )
-    latest = LatestCheckpoint(run_dir / "checkpoints")
+    latest, outcome = (
+        LatestCheckpoint(run.checkpoints),
+        TrainingOutcome(cfg.callbacks.get("monitor", "val_loss")),
+    )
     memory = memory_callbacks(cfg)
     if cfg.memory.batch_size_search.enabled:
         memory.insert(0, BatchSizeSearch(cfg))
-    interrupt = GracefulInterrupt(run_dir / "checkpoints")
-    outcome = TrainingOutcome(cfg.callbacks.get("monitor", "val_loss"))
-    callbacks: list[L.Callback] = [*memory, interrupt, *configured, latest, outcome]
-    callbacks += extra_callbacks
+    interrupt = GracefulInterrupt(run.checkpoints)
+    callbacks = [*memory, interrupt, *configured, latest, outcome, *extra_callbacks]
     callbacks.append(ShareCpus())  # intra-op threads: the CPUs other processes leave free
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
-    # built before the data is read: a wrong Trainer argument is one line at the start
     trainer = make_trainer(
         cfg.trainer,
         precision=cfg.precision.trainer_precision,
-        default_root_dir=run_dir,
-        logger=make_logger(cfg.logger, run_dir, resumed_in_place),
+        default_root_dir=run.path,
+        logger=make_logger(cfg.logger, run.path, resumed.in_place),
         callbacks=callbacks,
         plugins=[SafeCheckpointIO()],
     )
-    datamodule = ParquetDataModule(cfg.data, schema=schema, seed=cfg.seed)
+    datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
     datamodule.setup()
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
-    module = TFTModule(
-        model=model_cfg,
-        schema=datamodule.schema.to_dict(),
-        optim=optim_cfg,
-        precision=precision_cfg,
-    )
-    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
-    if init_weights and not ckpt_path:
+    module = make_module(cfg, datamodule.schema)
+    if init_weights and not resumed.ckpt_path:
         _, hparams, ckpt = read_checkpoint_hparams(init_weights)
-        _check_same_model(hparams, model_cfg, cfg.precision.name)
+        _check_same_model(hparams, _plain(cfg.model), cfg.precision.name)
         module.load_state_dict(ckpt["state_dict"])
+    return Assembled(trainer, datamodule, module, checkpoint, latest, outcome, memory)
 
+
+def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
+    """The LightningModule, its hyperparameters as plain containers (enums as strings)."""
+    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
+    optim: OptimHparams = {**_plain(cfg.optim), "gradient_clip_val": cfg.trainer.gradient_clip_val}
+    model: ModelHparams = _plain(cfg.model)
+    precision: PrecisionHparams = _plain(cfg.precision)
+    module = TFTModule(model=model, schema=schema.to_dict(), optim=optim, precision=precision)
+    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
+    return module
+
+
+def fit_and_test(cfg: DictConfig, parts: Assembled, ckpt_path: Path | None) -> Fitted:
+    """Fit (from `ckpt_path` when resuming) and test the best checkpoint, under the memory
+    policy's budget."""
+    trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     if trainer.world_size > 1:
         _before_other_processes(cfg, trainer, ckpt_path)
     device = trainer.strategy.root_device
@@ -281,33 +304,52 @@ def train(
     ):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         # read before test(): restoring the best checkpoint there resets the callback's paths
-        best, last, best_score = (
-            checkpoint.best_model_path,
-            latest.best_model_path,
-            checkpoint.best_model_score,
-        )
-        ended = outcome.outcome(trainer)
+        best, last = parts.checkpoint.best_model_path, parts.latest.best_model_path
+        best_score, ended = parts.checkpoint.best_model_score, parts.outcome.outcome(trainer)
         tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    return Fitted(best, last, _float(best_score), ended, tested)
 
-    summary = {
-        "run_dir": str(run_dir),
-        "resumed_from": str(ckpt_path) if ckpt_path else None,
-        "initialized_from": str(init_weights) if init_weights else None,
-        "best_checkpoint": best,
-        "last_checkpoint": last,
+
+def finish(
+    cfg: DictConfig, run: RunDir, parts: Assembled, fitted: Fitted, origin: dict[str, Any]
+) -> dict[str, Any]:
+    """summary.json's content: the run's figures, then (rank 0) the evaluation against the
+    baselines, the export of the best model and the rolls the series were cut at."""
+    trainer, datamodule, module = parts.trainer, parts.datamodule, parts.module
+    summary = {"run_dir": str(run.path), **origin, **_run_figures(cfg, parts, fitted)}
+    if trainer.is_global_zero:
+        judged = evaluate_test(trainer, module, run.path, fitted.tested["test_loss"], cfg)
+        summary["metrics"] |= judged.pop("metrics")
+        summary |= judged
+        summary |= export_best(cfg, module, datamodule, fitted.tested, run)
+    summary["splits"] = datamodule.splits
+    summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
+    if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
+        rolls = rolls_table(datamodule.rolls)
+        write_atomic(run.path / ROLLS, lambda f: pacsv.write_csv(rolls, f))
+        summary["rolls"] = str(run.path / ROLLS)
+    return summary
+
+
+def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str, Any]:
+    trainer, datamodule, schema = parts.trainer, parts.datamodule, parts.datamodule.schema
+    tested = fitted.tested
+    return {
+        "best_checkpoint": fitted.best,
+        "last_checkpoint": fitted.last,
         "epochs": trainer.current_epoch,
-        "training": ended,
+        "training": fitted.ended,
         "global_step": trainer.global_step,
         "batch_size": datamodule.batch_size,  # per process
         "global_batch_size": datamodule.batch_size * trainer.world_size,
         "world_size": trainer.world_size,  # DDP processes
         "val_batch_size": datamodule.val_batch_size,
-        "num_features": datamodule.schema.num_features,
-        "dropped_features": list(datamodule.schema.dropped),  # constant over the training split
-        "num_parameters": sum(p.numel() for p in module.model.parameters()),
-        "quantiles": model_cfg["quantiles"],
+        "num_features": schema.num_features,
+        "dropped_features": list(schema.dropped),  # constant over the training split
+        "num_parameters": sum(p.numel() for p in parts.module.model.parameters()),
+        "quantiles": list(cfg.model.quantiles),
         "metrics": {
-            "val_loss": _float(best_score),
+            "val_loss": fitted.best_score,
             "test_loss": tested["test_loss"],
             "test_mae": tested["test_mae"],
             "test_directional_accuracy": tested["test_directional_accuracy"],
@@ -315,117 +357,61 @@ def train(
             "baseline_test_loss": tested["test_baseline_loss"],
         },
     }
-    if trainer.is_global_zero:
-        # the baselines, scored on the model's own validation and test windows
-        judged = _evaluate(trainer, module, run_dir, tested["test_loss"], cfg)
-        summary["metrics"] |= judged.pop("metrics")
-        summary |= judged
-        # the best model, exported without pickle
-        init = model_init(model_cfg, datamodule.schema)
-        if cfg.precision.name == "int8":
-            summary |= export_and_test_int8(
-                module, init, datamodule, tested, run_dir / "checkpoints"
-            )
-        else:
-            path = run_dir / "checkpoints" / "model_fp32.safetensors"
-            export_weights(module.model, init, path, datamodule.schema.to_dict())
-            summary["export"] = str(path)
-    summary["splits"] = datamodule.splits
-    summary["memory"] = memory_summary(cfg.memory.name, memory, device)
-    summary["wall_s"] = round(time.perf_counter() - started, 1)
-    if trainer.is_global_zero:  # under DDP every process has the summary; one writes it
-        if datamodule.rolls:  # data.futures: the rolls the continuous series were cut at
-            rolls = rolls_table(datamodule.rolls)
-            write_atomic(run_dir / ROLLS, lambda f: pacsv.write_csv(rolls, f))
-            summary["rolls"] = str(run_dir / ROLLS)
-        write_json(run_dir / "summary.json", summary)
-        if cfg.report:  # after the summary: nothing here can lose it
-            _report(cfg, run_dir, summary, module, datamodule)
-    trainer.strategy.barrier("summary")  # the other processes end with rank 0, not after it
-    return summary
 
 
-def _evaluate(
+def evaluate_test(
     trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, cfg: DictConfig
 ) -> dict[str, Any]:
-    """The model's test forecasts, once: written to test_forecasts.parquet, scored beside the
-    baselines (`foxhunt.evaluation.baselines`) on the same windows, pooled and per instrument,
-    and judged as a quant would (`foxhunt.evaluation.quality`: IC, calibration, a costed
-    strategy). Returns summary.json's `baselines`, `evaluation` and `strategy`, and its
-    headline `metrics`: the skill against the strongest baseline, its name, the base rate of
-    up moves, the same per instrument, the IC and probabilistic scores."""
-    started = time.perf_counter()
+    """The model's test forecasts, once: judged beside the baselines on the same windows
+    (`foxhunt.evaluation.judge`), written to test_forecasts.parquet. Returns summary.json's
+    `baselines`, `evaluation` and `strategy`, and its headline `metrics` merged in."""
     datamodule: ParquetDataModule = trainer.datamodule
-    schema, quantiles = datamodule.schema, module.quantiles.tolist()
     pred = forecast_test(trainer, module)
-    baselines, test, strongest = score_baselines(
-        datamodule.datasets, schema.target_kind, quantiles, schema.groups, pred, cfg.seed
-    )
-    pooled = test.pop(None, {})
-    best = None if strongest is None else (pooled["best_baseline"], strongest)
-    table = forecast_table(datamodule.datasets["test"], schema, pred, quantiles, best)
-    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(table, f))
-    log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
-    if pooled.get("test_loss") is not None and abs(pooled["test_loss"] / test_loss - 1) > 1e-3:
+    quantiles = module.quantiles.tolist()
+    judged = judge(datamodule.datasets, datamodule.schema, pred, quantiles, cfg.eval, cfg.seed)
+    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(judged.table, f))
+    if judged.test_loss is not None and abs(judged.test_loss / test_loss - 1) > 1e-3:
         log.warning(  # the same windows and model: a mismatch is a bug, not noise
-            "the test forecasts score %.6g, the test step %.6g", pooled["test_loss"], test_loss
+            "the test forecasts score %.6g, the test step %.6g", judged.test_loss, test_loss
         )
-    headline = {
-        "skill": pooled.get("skill"),
-        "best_baseline": pooled.get("best_baseline"),
-        "test_up_share": pooled.get("up_share"),
-        "by_instrument": test,
-    }
-    judged, evaluation, results = evaluate(
-        table, schema.target_kind, cfg.eval.stride, cfg.eval.strategy, cfg.eval.cost_bps
-    )
-    strategy = strategy_summary(
-        results, cfg.eval.strategy, cfg.eval.cost_bps, pooled.get("best_baseline")
-    )
     if cfg.report:
-        plot_equity(equity_curves(results, pooled.get("best_baseline")), run_dir / EQUITY_PLOT)
-    return {
-        "metrics": headline | judged,
-        "baselines": baselines,
-        "evaluation": evaluation,
-        "strategy": strategy,
-    }
+        plot_equity(judged.equity, run_dir / EQUITY_PLOT)
+    return dict(judged.summary)
 
 
-def export_and_test_int8(
-    module: TFTModule, init: dict, datamodule: ParquetDataModule, tested: dict, out_dir: Path
+def export_best(
+    cfg: DictConfig, module: TFTModule, datamodule: ParquetDataModule, tested: dict, run: RunDir
 ) -> dict[str, Any]:
-    """Export the (best) QAT model as int8 next to the checkpoints and score it on the test
+    """The best model, exported without pickle: safetensors (fp32), or int8 scored on the test
     split beside the fake-quant model it came from."""
-    qat_model = module.model.eval()
-    set_qat_phase(qat_model, observe=False, fake_quant=True)
-    path = out_dir / "model_int8.safetensors"
-    int8_bytes = export_int8(qat_model, init, path, schema=datamodule.schema.to_dict())
-    fp32_bytes = len(safetensors_bytes(TemporalFusionTransformer(**init).state_dict()))
-    int8_model = load_int8(path)
-    quantiles = module.quantiles.cpu()
-    loss_sum = count = 0.0
-    diffs, scale = [], []
-    with torch.no_grad():
-        for batch in datamodule.test_dataloader(sharded=False):
-            pred = int8_model(batch)
-            n = pred.numel()
-            loss_sum += float(quantile_loss(pred, batch["target"], quantiles)) * n
-            count += n
-            reference = qat_model(batch)
-            diffs.append((pred - reference).abs().flatten())
-            scale.append(reference.flatten())
-    diff, ref_std = torch.cat(diffs), float(torch.cat(scale).std())
-    return {
-        "export": str(path),
-        "int8_model": str(path),
-        "int8_test_loss": loss_sum / max(count, 1),
-        "fp32_equivalent_test_loss": tested["test_loss"],
-        "export_bytes_int8": int8_bytes,
-        "export_bytes_fp32": fp32_bytes,
-        "int8_vs_fake_quant_max_abs_diff_rel_std": float(diff.max()) / ref_std,
-        "int8_vs_fake_quant_mean_abs_diff_rel_std": float(diff.mean()) / ref_std,
-    }
+    init = model_init(_plain(cfg.model), datamodule.schema)
+    schema = datamodule.schema.to_dict()
+    if cfg.precision.name == "int8":
+        batches = datamodule.test_dataloader(sharded=False)
+        path, quantiles = run.int8_export, module.quantiles
+        scored = export_and_score_int8(module.model, init, schema, batches, quantiles, path)
+        return {"export": str(path), "fp32_equivalent_test_loss": tested["test_loss"], **scored}
+    export_weights(module.model, init, run.fp32_export, schema)
+    return {"export": str(run.fp32_export)}
+
+
+@torch.inference_mode()
+def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
+    """[windows, H, Q] the module's quantile forecasts (normalized units) of every test window,
+    in the test dataset's order: the unsharded loader (rank 0 forecasts them all), under the
+    Trainer's precision, as the test step made them."""
+    datamodule = trainer.datamodule
+    preds = []
+    was_training = module.training
+    module.eval()
+    with trainer.precision_plugin.forward_context():
+        for batch in datamodule.test_dataloader(sharded=False):  # in order: no shuffle
+            batch = {k: v.to(module.device) for k, v in batch.items()}
+            preds.append(validation_forward(module.model, batch).float().cpu())
+    module.train(was_training)
+    pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
+    assert len(pred) == len(datamodule.datasets["test"]), "the test loader skipped windows"
+    return pred
 
 
 def make_trainer(trainer: DictConfig, **set_by_foxhunt: Any) -> L.Trainer:

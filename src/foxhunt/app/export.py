@@ -1,7 +1,7 @@
 """Serve a trained TFT outside Python: `model.onnx` and `model.json`.
 
 `python scripts/export.py ckpt_path=/abs/best.ckpt [export.out=DIR] [export.opset=18]`, or
-`foxhunt.export.export_onnx(path, out_dir)`, writes into the run directory
+`foxhunt.app.export.export_onnx(path, out_dir)`, writes into the run directory
 (outputs/export/<date>/<time>/) or export.out:
 
 - model.onnx: the TFT as an ONNX graph (torch.export, then torch.onnx's translation) with a
@@ -49,6 +49,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 from torch import Tensor, nn
 
+from foxhunt.app.inference import data_changes
+from foxhunt.app.predict import Predictor, load
 from foxhunt.config import DataConfig, parse_time
 from foxhunt.data.columns import OHLCV_FIELDS, OHLCV_TARGET, column_plan, ohlcv_spec_of
 from foxhunt.data.features import feature_plan, warmup_of
@@ -57,8 +59,6 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import check_writable, write_atomic, write_json
-from foxhunt.predict import Predictor, load
-from foxhunt.predict_cli import data_changes
 from foxhunt.quantization.qat import _QuantizeInput, read_int8
 
 FORMAT = "foxhunt-onnx"  # model.json's `format`

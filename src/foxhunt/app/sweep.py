@@ -20,6 +20,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.run.dir import RunDir
+
 log = logging.getLogger(__name__)
 COLUMNS = (
     "job",
@@ -38,8 +40,9 @@ COLUMNS = (
 
 
 def _job(job_dir: Path) -> dict[str, Any]:
-    cfg = OmegaConf.load(job_dir / ".hydra" / "config.yaml")
-    overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
+    run = RunDir(job_dir)
+    cfg = OmegaConf.load(run.config)
+    overrides = OmegaConf.load(run.overrides)
     metric_name = cfg.get("optimized_metric", "val_loss")
     row: dict[str, Any] = {
         "job": job_dir.name,
@@ -50,7 +53,7 @@ def _job(job_dir: Path) -> dict[str, Any]:
         "num_heads": cfg.model.num_heads,
         "metric_name": metric_name,
     }
-    summary, status = job_dir / "summary.json", job_dir / "status.json"
+    summary, status = run.summary, run.status
     if not summary.exists():  # a job of scripts/backtest.py: its folds pooled
         summary = job_dir / "backtest_summary.json"
     if summary.exists():
@@ -71,20 +74,10 @@ def _job(job_dir: Path) -> dict[str, Any]:
     return row
 
 
-def finished_job(job_dir: Path, sweep_resumed: bool) -> dict[str, Any] | None:
-    """In a resumed sweep (`+sweep.resume=true`), the summary of a job that finished in an
-    earlier attempt: it is reported again, not re-run."""
-    summary = Path(job_dir) / "summary.json"
-    if not sweep_resumed or not summary.is_file():
-        return None
-    log.info("sweep.resume: job %s finished earlier, not re-running it", Path(job_dir).name)
-    return json.loads(summary.read_text())
-
-
 def summarize(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """Write the three summary files of a sweep directory; return its rows."""
     sweep_dir = Path(sweep_dir)
-    jobs = [d for d in sweep_dir.iterdir() if (d / ".hydra" / "config.yaml").exists()]
+    jobs = [d for d in sweep_dir.iterdir() if RunDir(d).config.exists()]
     rows = [_job(d) for d in sorted(jobs, key=lambda d: int(d.name) if d.name.isdigit() else 0)]
     # the markdown shows what varies between jobs; the CSV keeps every override
     common = set.intersection(*(set(r["overrides"].split()) for r in rows)) if rows else set()

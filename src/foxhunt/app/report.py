@@ -1,6 +1,6 @@
 """The run report: `report.md` in a training run's directory, with learning curves, test metrics
 against the naive baseline and the honest ones, calibration and the interpretation plots
-(`foxhunt.interpret`)."""
+(`foxhunt.app.interpret`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.app.interpret import PLOTS, have_matplotlib, interpret, new_figure
+from foxhunt.app.sweep import markdown_table
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.source import open_dataset
-from foxhunt.interpret import PLOTS, have_matplotlib, interpret, new_figure
-from foxhunt.sweep import markdown_table
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")

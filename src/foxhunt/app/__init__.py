@@ -1,0 +1,2 @@
+"""The commands: train, predict, backtest, export, interpret, report, and the entry-point
+plumbing (`cli`) the scripts call."""

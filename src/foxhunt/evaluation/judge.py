@@ -1,0 +1,71 @@
+"""A trained model's test forecasts judged as a quant would: beside every baseline on the same
+windows (`baselines`), pooled and per instrument, then the IC, calibration and a costed strategy
+(`quality`). Pure: the caller runs the model and writes the files."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from foxhunt.data.datamodule import WindowDataset
+from foxhunt.data.schema import DataSchema
+from foxhunt.evaluation.baselines import score_baselines
+from foxhunt.evaluation.forecasts import forecast_table
+from foxhunt.evaluation.quality import equity_curves, evaluate, strategy_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Judged:
+    table: pa.Table  # test_forecasts.parquet: the model's and the strongest baseline's
+    summary: dict[str, Any]  # summary.json's metrics (headline), baselines, evaluation, strategy
+    equity: dict[str, Any]  # the equity curves to plot
+    test_loss: float | None  # the forecasts' own pooled test loss (equals the test step's)
+
+
+def judge(
+    datasets: dict[str, WindowDataset],
+    schema: DataSchema,
+    pred: np.ndarray,
+    quantiles: list[float],
+    eval_cfg: Any,
+    seed: int,
+) -> Judged:
+    """Score `pred` ([test windows, H, Q], normalized, in the test dataset's order) beside the
+    baselines fit on the training windows. The headline metrics: the skill against the
+    strongest baseline, its name, the base rate of up moves, the same per instrument, the IC
+    and probabilistic scores."""
+    started = time.perf_counter()
+    baselines, test, strongest = score_baselines(
+        datasets, schema.target_kind, quantiles, schema.groups, pred, seed
+    )
+    pooled = test.pop(None, {})
+    best = None if strongest is None else (pooled["best_baseline"], strongest)
+    table = forecast_table(datasets["test"], schema, pred, quantiles, best)
+    log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
+    headline = {
+        "skill": pooled.get("skill"),
+        "best_baseline": pooled.get("best_baseline"),
+        "test_up_share": pooled.get("up_share"),
+        "by_instrument": test,
+    }
+    judged, evaluation, results = evaluate(
+        table, schema.target_kind, eval_cfg.stride, eval_cfg.strategy, eval_cfg.cost_bps
+    )
+    strategy = strategy_summary(
+        results, eval_cfg.strategy, eval_cfg.cost_bps, pooled.get("best_baseline")
+    )
+    summary = {
+        "metrics": headline | judged,
+        "baselines": baselines,
+        "evaluation": evaluation,
+        "strategy": strategy,
+    }
+    equity = equity_curves(results, pooled.get("best_baseline"))
+    return Judged(table, summary, equity, pooled.get("test_loss"))
