@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check (#18) on a lent GPU machine, as one command:
-#     bash benchmarks/gpu_check.sh [gpu_check.py options]      (carry: .whl)
+#     bash benchmarks/gpu_check.sh [options of python -m benchmarks.gpu_check]    (carry: .whl)
 # The machine's image lacks Hydra, OmegaConf, ANTLR and pytorch-forecasting: they travel as
 # wheels in .whl (git-ignored; how to make it: below) and are installed into /tmp/site.
 # Output: $OUT/gpu_check.log (everything printed), $OUT/gpu_check.json (written after every
 # section), $OUT/seed_train.log; $OUT defaults to outputs/gpu_check.
 # Time: --budget-s (default 350, the plan's sum) for the sections together, each with a share
-# (gpu_check.py's TIME_PLAN_S) that scales with it; --section-budget NAME=SECONDS sets one.
+# (TIME_PLAN_S in benchmarks/gpu_check/runner.py) that scales with it; --section-budget
+# NAME=SECONDS sets one.
 # With the wheels' install and the imports, the command takes at most about 6 minutes; the
 # machine's start comes on top.
 # Making .whl (once, on a machine with PyPI; the versions are those pyproject.toml resolves to):
@@ -26,4 +27,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 rm -rf /tmp/site/docs /tmp/site/examples /tmp/site/extension_templates /tmp/site/tests
 export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-python3 -u benchmarks/gpu_check.py --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
+python3 -u -m benchmarks.gpu_check --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"

@@ -1,5 +1,6 @@
-"""The GPU check's dry run on a CPU (`--device cpu --quick`): every section runs the code it
-runs on a GPU, at tiny sizes, so the check is ready the day a GPU is lent."""
+"""The GPU check's dry run on a CPU (`python -m benchmarks.gpu_check --device cpu --quick`):
+every section runs the code it runs on a GPU, at tiny sizes, so the check is ready the day a
+GPU is lent."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ SECTIONS = ("env", "fused_vsn", "budget", "estimator", "seed", "bench_B", "bench
 
 @pytest.mark.slow
 def test_the_dry_run_passes_every_section(tmp_path):
-    script = ROOT / "benchmarks" / "gpu_check.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--device", "cpu", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.gpu_check"]
+        + ["--device", "cpu", "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -65,7 +65,11 @@ def resolve_device(name: str | None) -> str:
     return name
 
 
-def _plan(cfg: Any, schema: DataSchema | None, device: str | None) -> StepPlan:
+def step_plan(cfg: Any, schema: DataSchema | None = None, device: str | None = None) -> StepPlan:
+    """The step `estimate`, `measure` and `max_batch_size` trace or run for the composed config
+    `cfg`: its model, optimizer, precision, gradient clipping and checkpointing, the data's
+    schema (`schema`, else described from cfg.data) and the device (`device`, else
+    memory.device; auto resolved)."""
     return StepPlan(
         model=OmegaConf.to_container(cfg.model, resolve=True),
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -120,7 +124,7 @@ def estimate(
 ) -> MemoryEstimate:
     """Peak memory of one training step (optimizer state already created) at `batch_size` and
     of one validation step at `val_batch_size`, for the composed Hydra config `cfg`."""
-    plan = _plan(cfg, schema, device)
+    plan = step_plan(cfg, schema, device)
     batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
     notes = [_precision_note(plan.precision["name"])]
     if plan.device == "cuda":
@@ -147,7 +151,7 @@ def measure(
 ) -> dict[str, float]:
     """Peak MB of one real training step and one real validation step on `device`: live tensor
     bytes (MemTracker) everywhere, plus the allocator's peaks on CUDA."""
-    plan = _plan(cfg, schema, device)
+    plan = step_plan(cfg, schema, device)
     batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
     result = {}
     for kind, b, train in (("train", batch_size, True), ("val", val_batch_size, False)):
@@ -182,7 +186,7 @@ def max_batch_size(
     both (training, and validation at memory.val_batch_size or the same size; with
     val_batch_size=auto, training alone), train, or val. Batch 1 not fitting is a ConfigError
     saying what it needs."""
-    plan, memory = _plan(cfg, schema, device), cfg.memory
+    plan, memory = step_plan(cfg, schema, device), cfg.memory
     margin = memory.safety_margin_mb if margin_mb is None else margin_mb
     budget = (budget_mb - margin) * MB
     fixed_val = fixed_val_batch_size(memory)
