@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -11,8 +10,7 @@ from foxhunt.app import backtest, cli
 from foxhunt.app.report import console_summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="backtest")
-@cli.task
+@cli.main("backtest")
 def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

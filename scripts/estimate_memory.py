@@ -10,7 +10,6 @@ line one JSON object. `+measure=true` also runs one real step of each kind on th
 
 import json
 
-import hydra
 from omegaconf import DictConfig
 
 from foxhunt.app import cli
@@ -41,8 +40,7 @@ def print_table(result: dict, est: MemoryEstimate) -> None:
         )
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="estimate_memory")
-@cli.task
+@cli.main("estimate_memory")
 def main(cfg: DictConfig) -> None:
     validate(cfg)
     est = estimate(cfg)

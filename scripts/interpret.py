@@ -9,7 +9,6 @@ prints the files as one JSON line. Data overrides are those of train.py (`data.p
 import json
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -17,8 +16,7 @@ from foxhunt.app import cli
 from foxhunt.app.interpret import interpret_checkpoint, register_config
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="interpret")
-@cli.task
+@cli.main("interpret")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.out_dir or hydra_cfg.runtime.output_dir)

@@ -9,7 +9,6 @@ The data config is the checkpoint's training run's, with `data.*` overrides on t
 
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -17,8 +16,7 @@ from foxhunt.app import cli
 from foxhunt.app.predict_cli import predict_command, register_config
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
-@cli.task
+@cli.main("predict")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
@@ -15,8 +14,7 @@ from foxhunt.run import resume
 from foxhunt.run.dir import RunDir
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-@cli.task
+@cli.main("train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -4,10 +4,14 @@ The plain functions they are built from live in tests/helpers.py."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
 
 from foxhunt.config import DataConfig
 from tests.helpers import make_table, write_table
@@ -21,6 +25,54 @@ def pytest_configure(config: pytest.Config) -> None:
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+
+
+# what Lightning itself sets for the rest of the process: seed_everything's seed, and cuBLAS's
+# workspace with trainer.deterministic=true (put back after each test, not a leak of ours)
+LIGHTNING_ENV = {"PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG"}
+PYTEST_ENV = {"PYTEST_CURRENT_TEST"}  # pytest's own, of the test running
+
+
+def _process_state() -> dict[str, object]:
+    root = logging.getLogger()
+    return {
+        "environment": dict(os.environ),
+        "cwd": os.getcwd(),
+        "root logging handlers": list(root.handlers),
+        "root logging level": root.level,
+        "torch threads": torch.get_num_threads(),
+        "torch deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch default dtype": torch.get_default_dtype(),
+        "Hydra initialized": GlobalHydra.instance().is_initialized(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Every test leaves the process as it found it (environment, cwd, logging handlers, torch's
+    global settings, Hydra): tests run in any order and worker. What a test changed is put back
+    and, but for what Lightning sets itself, fails the test."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    env_before, env_after = before["environment"], after["environment"]
+    changed = {
+        k for k in env_before.keys() | env_after.keys() if env_before.get(k) != env_after.get(k)
+    }
+    leaks = sorted(changed - LIGHTNING_ENV - PYTEST_ENV)
+    leaks += [k for k in before if k != "environment" and before[k] != after[k]]
+    os.environ.clear()
+    os.environ.update(env_before)
+    os.chdir(before["cwd"])
+    root = logging.getLogger()
+    root.handlers[:] = before["root logging handlers"]
+    root.setLevel(before["root logging level"])
+    torch.set_num_threads(before["torch threads"])
+    torch.use_deterministic_algorithms(before["torch deterministic algorithms"])
+    torch.set_default_dtype(before["torch default dtype"])
+    if not before["Hydra initialized"]:
+        GlobalHydra.instance().clear()
+    assert not leaks, f"the test changed process-wide state: {leaks}"
 
 
 @pytest.fixture

@@ -6,12 +6,14 @@ conftest.py. Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import io
 import os
+import runpy
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 from foxhunt.app.train import train
 from foxhunt.config import DataConfig, register_configs
@@ -321,3 +324,26 @@ def check_control(tmp_path: Path, name: str, lazy: bool = False) -> None:
     for who in ("linear", "lightgbm") if name in ("observed", "ar1") else ("lightgbm",):
         if who in ic:  # lightgbm: the baselines extra
             assert abs(ic[who] - found["oracle_ic_h1"]) <= IC_GAP, (who, ic, found)
+
+
+def run_script(script: str, *args: str, full_error: bool = False) -> tuple[int, str, str]:
+    """scripts/<script> as `python scripts/<script> ...` runs it, in this process (a subprocess
+    would spend seconds importing torch again): (exit code, stdout, stderr). `full_error`:
+    with the user's HYDRA_FULL_ERROR=1 (an error raises)."""
+    hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
+        mp.setattr(sys, "argv", [script, *args, *hydra])
+        if full_error:
+            mp.setenv("HYDRA_FULL_ERROR", "1")
+        else:
+            mp.delenv("HYDRA_FULL_ERROR", raising=False)
+        GlobalHydra.instance().clear()
+        try:
+            runpy.run_path(str(ROOT / "scripts" / script), run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            GlobalHydra.instance().clear()
+    return code, out.getvalue(), err.getvalue()

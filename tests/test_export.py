@@ -21,14 +21,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import foxhunt  # noqa: E402
-from foxhunt.app import cli  # noqa: E402
 from foxhunt.app.export import (  # noqa: E402
     JSON_FILE,
     ONNX_FILE,
@@ -68,6 +66,7 @@ from tests.helpers import (  # noqa: E402
     listing,
     make_table,
     ns,
+    run_script,
     tiny_overrides,
     write_table,
 )
@@ -93,26 +92,6 @@ def _trained(cfg, run: Path) -> Path:
     (run / ".hydra").mkdir()
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     return Path(summary["best_checkpoint"])
-
-
-def run_script(script: str, *args: str) -> tuple[int, str, str]:
-    """scripts/<script> as `python scripts/<script> ...` runs it, in this process (a subprocess
-    would spend seconds importing torch again): (exit code, stdout, stderr)."""
-    hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
-        mp.setattr(sys, "argv", [script, *args, *hydra])
-        mp.setattr(cli, "_task_started", False)
-        mp.delenv("HYDRA_FULL_ERROR", raising=False)
-        GlobalHydra.instance().clear()
-        try:
-            runpy.run_path(str(ROOT / "scripts" / script), run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code
-        finally:
-            GlobalHydra.instance().clear()
-    return code, out.getvalue(), err.getvalue()
 
 
 def consumer(*args: str) -> tuple[int, str, str]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import runpy
 import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,11 +12,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt.app import cli
 from foxhunt.app.predict import _future_steps, build_windows
 from foxhunt.app.train import train
 from foxhunt.data.features import derive_features
@@ -28,7 +24,14 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
 from foxhunt.training.module import TFTModule, model_init
-from tests.helpers import FIVE_MIN, ROOT, compose_train, make_table, tiny_overrides, write_table
+from tests.helpers import (
+    FIVE_MIN,
+    compose_train,
+    make_table,
+    run_script,
+    tiny_overrides,
+    write_table,
+)
 
 E, H = 16, 4  # tiny_overrides' window
 TAIL = 30  # rows per instrument in the prediction file: 26 with a target, then H to forecast
@@ -179,42 +182,21 @@ def test_future_times_continue_at_the_bar_interval():
     np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
 
 
-def _run_cli(*args: str, monkeypatch, capsys) -> tuple[int, str, str]:
-    """scripts/predict.py as `python scripts/predict.py ...` runs it, in this process (a
-    subprocess would spend seconds importing torch again)."""
-    hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["predict.py", *args, *hydra])
-    monkeypatch.setattr(cli, "_task_started", False)
-    GlobalHydra.instance().clear()
-    code = 0
-    try:
-        runpy.run_path(str(ROOT / "scripts" / "predict.py"), run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        GlobalHydra.instance().clear()
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def _predict_tail(trained, tmp_path, out, *extra, monkeypatch, capsys):
+def _predict_tail(trained, tmp_path, out, *extra):
     """scripts/predict.py on the tail file, writing to predict.out=`out`."""
-    return _run_cli(
+    return run_script(
+        "predict.py",
         f"ckpt_path='{trained.ckpt}'",
         f"data.path={trained.tail_path}",
         f"predict.out={out}",
         *extra,
         f"hydra.run.dir={tmp_path / 'run'}",
-        monkeypatch=monkeypatch,
-        capsys=capsys,
     )
 
 
-def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, capsys):
+def test_cli_writes_predictions_and_previews(trained, tmp_path):
     out = tmp_path / "p.parquet"
-    code, stdout, stderr = _predict_tail(
-        trained, tmp_path, out, monkeypatch=monkeypatch, capsys=capsys
-    )
+    code, stdout, stderr = _predict_tail(trained, tmp_path, out)
     assert code == 0, stderr
     assert pq.read_table(out).num_rows == 2 * H
     assert stdout.splitlines()[0].split() == [
@@ -228,9 +210,9 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path, monkeypatch, cap
     assert stdout.splitlines()[-1].endswith(f"to {out}")
 
 
-def test_cli_output_never_overwrites_by_accident(trained, tmp_path, monkeypatch, capsys):
+def test_cli_output_never_overwrites_by_accident(trained, tmp_path):
     def predict(out, *extra):
-        return _predict_tail(trained, tmp_path, out, *extra, monkeypatch=monkeypatch, capsys=capsys)
+        return _predict_tail(trained, tmp_path, out, *extra)
 
     folder = tmp_path / "folder"
     folder.mkdir()
@@ -272,9 +254,7 @@ def test_the_float_export_forecasts_as_its_checkpoint(trained):
         ("no future k1", [], "the forecast needs the known input(s) k1"),
     ],
 )
-def test_cli_data_errors_are_one_line(
-    trained, tmp_path, monkeypatch, capsys, change, extra, message
-):
+def test_cli_data_errors_are_one_line(trained, tmp_path, change, extra, message):
     cols = dict(trained.tail)
     if change == "drop f2":
         del cols["f2"]
@@ -288,13 +268,12 @@ def test_cli_data_errors_are_one_line(
     else:
         cols = {k: v[~trained.future] for k, v in cols.items()}
     path = write_table(tmp_path / "new.parquet", cols)
-    code, _, stderr = _run_cli(
+    code, _, stderr = run_script(
+        "predict.py",
         f"ckpt_path='{trained.ckpt}'",
         f"data.path={path}",
         f"hydra.run.dir={tmp_path / 'run'}",
         *extra,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
     )
     assert code == 2
     assert stderr.count("\n") == 1 and stderr.startswith("error: ")

@@ -18,7 +18,9 @@ OpenMP's defaults and sizes the intra-op threads to the CPUs the other processes
   do this: they size threads once, from the core count.)
 
 `FOXHUNT_THREADS=off`, or OMP_NUM_THREADS set by the user (as joblib's workers and Lightning's
-DDP processes have it: their share), leaves the threads as they are.
+DDP processes have it: their share), leaves the threads as they are; a run with
+`trainer.deterministic=true` keeps the count it started with (`usable_cpus()`), so that its
+result does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -144,14 +146,18 @@ def use_cpus() -> int | None:
 
 class ShareCpus(L.Callback):
     """`CpuShare.update()` before every training, validation and test batch of a run on the
-    CPU with one process (DDP and joblib's workers get their share from the launcher)."""
+    CPU with one process (DDP and joblib's workers get their share from the launcher).
+    `fixed` (a run with trainer.deterministic=true): the thread count stays as it started, since
+    a reduction split over another number of threads sums in another order, and the result
+    would depend on how busy the machine was."""
 
-    def __init__(self) -> None:
+    def __init__(self, fixed: bool = False) -> None:
+        self.fixed = fixed
         self.share: CpuShare | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         cpu = trainer.strategy.root_device.type == "cpu"
-        if self.share is None and cpu and trainer.world_size == 1 and not off():
+        if self.share is None and cpu and trainer.world_size == 1 and not (off() or self.fixed):
             self.share = CpuShare()
 
     def _update(self, *args: object) -> None:

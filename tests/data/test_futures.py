@@ -40,8 +40,8 @@ from tests.helpers import (
     futures_cfg,
     listing,
     ns,
+    run_script,
 )
-from tests.test_predict import _run_cli
 
 T0 = int(np.datetime64("2026-01-02", "ns").astype(np.int64))
 
@@ -352,7 +352,7 @@ def test_a_run_writes_its_roll_schedule(tmp_path):
     assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])
 
 
-def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypatch, capsys):
+def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     contract_file(tmp_path / "all.parquet")
     table = pq.read_table(tmp_path / "all.parquet")
     two = table.filter(pc.is_in(table["symbol"], pa.array(["ESH6", "ESM6"])))
@@ -381,7 +381,8 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypa
     # predict.py alike: data=es_fut_small has data.futures on and names contracts by symbol
     # (this run has no .hydra/config.yaml to take the data config from)
     pq.write_table(nxt, tmp_path / "next.parquet")
-    code, _, stderr = _run_cli(
+    code, _, stderr = run_script(
+        "predict.py",
         f"ckpt_path='{ckpt}'",
         "data=es_fut_small",
         f"data.path={tmp_path / 'next.parquet'}",
@@ -389,8 +390,6 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path, monkeypa
         "predict.all_windows=true",
         f"predict.out={tmp_path / 'cli.parquet'}",
         f"hydra.run.dir={tmp_path / 'predict'}",
-        monkeypatch=monkeypatch,
-        capsys=capsys,
     )
     assert code == 0, stderr
     assert pq.read_table(tmp_path / "cli.parquet").equals(got)

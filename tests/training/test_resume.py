@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -14,8 +16,9 @@ import pytest
 import torch
 
 from foxhunt.app.train import train
+from foxhunt.threads import usable_cpus
 from foxhunt.training.checkpointing import Interrupted
-from tests.helpers import compose_train, run_cli, tiny_overrides, train_until_a_checkpoint
+from tests.helpers import ROOT, compose_train, run_cli, tiny_overrides, train_until_a_checkpoint
 
 
 def _summary(result) -> dict:
@@ -184,3 +187,25 @@ def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table
     resumed = _summary(run_cli(*resumed_args, cwd=tmp_path))
     assert Path(resumed["resumed_from"]) == last.resolve()
     assert resumed["epochs"] == epoch + 1
+
+
+@pytest.mark.slow
+def test_deterministic_runs_do_not_depend_on_the_machines_load(tmp_path):
+    """2 threads, a process beside them busy half the time: two runs, and a run resumed
+    half-way, end bit-equal; the thread count never changed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "FOXHUNT_THREADS")}
+    probe = Path(__file__).with_name("determinism_probe.py")
+    done = subprocess.run(
+        [sys.executable, str(probe), str(tmp_path)],
+        env=env | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    threads = usable_cpus()
+    assert {name: r["threads"] for name, r in runs.items()} == dict.fromkeys(runs, [threads])
+    assert runs["again"]["val_loss"] == runs["straight"]["val_loss"]
+    assert runs["resumed"]["val_loss"] == runs["straight"]["val_loss"]  # the first 2 restored
+    assert runs["again"]["weights"] == runs["resumed"]["weights"] == runs["straight"]["weights"]

@@ -1,32 +1,54 @@
-"""Entry-point plumbing shared by the scripts: one-line user errors and exit code 2, an
-interrupted run's exit, and re-running a sweep into its own directory (`+sweep.resume=true`)."""
+"""Entry-point plumbing shared by the scripts: `@cli.main(<config>)` composes a command's config
+with Hydra and routes its errors, `cli.run` starts it. A user's error (a FoxhuntError from the
+task, or a config Hydra cannot compose) is one line on stderr and exit 2; an interrupted run
+exits 128 + the signal; the user's own HYDRA_FULL_ERROR=1 gives the traceback instead. Nothing
+here changes the environment or module state: tests run many commands in one process."""
 
 from __future__ import annotations
 
 import functools
+import inspect
+import itertools
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config import register_configs
-from foxhunt.errors import FoxhuntError, WriteError
+from foxhunt.errors import ConfigError, FoxhuntError, WriteError
 from foxhunt.files import write_json
 from foxhunt.run.resume import resume_sweep
 from foxhunt.threads import use_cpus
 from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2
-_task_started = False
-# Hydra prints a config it cannot compose (a wrong override) over several lines and exits 1;
-# with HYDRA_FULL_ERROR=1 it raises the error instead, which run() prints as one line. This
-# variable says foxhunt set it, not the user; the task unsets both (its own errors are
-# reported as before). Environment variables, so that joblib's worker processes know too.
-_SET_BY_FOXHUNT = "FOXHUNT_SET_HYDRA_FULL_ERROR"
+MAX_CHECKED_JOBS = 64  # a larger sweep's other combinations are composed by Hydra alone
+
+
+def main(config_name: str) -> Callable[[Callable[..., Any]], Callable[[], Any]]:
+    """`@hydra.main` for a script in scripts/, its configs in the repository's conf/, its task
+    wrapped by `task`; `run` checks the command line composes before Hydra starts."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[[], Any]:
+        conf = Path(inspect.getfile(fn)).resolve().parent.parent / "conf"
+        hydra_main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
+        command = hydra_main(task(fn))
+        command.check_composes = functools.partial(check_composes, conf, config_name)
+        return command
+
+    return decorate
+
+
+def _full_error() -> bool:
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user's switch, read, never set
 
 
 def task(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,14 +57,10 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        global _task_started
-        _task_started = True
-        if os.environ.pop(_SET_BY_FOXHUNT, None):
-            del os.environ["HYDRA_FULL_ERROR"]
         try:
             return fn(*args, **kwargs)
         except FoxhuntError as exc:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if _full_error():
                 raise
             print(f"error: {exc}", file=sys.stderr)
             if _in_multirun() and not isinstance(exc, WriteError):
@@ -92,47 +110,53 @@ def _one_line(exc: Exception) -> str:
     return f"{head}: {str(cause).splitlines()[0]} (full_key: {cause.full_key})"
 
 
+def _jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override lists of the jobs a command line makes: one, or a sweep's combinations
+    (sweeps a sweeper expands itself, such as Optuna's intervals, left to it)."""
+    if not multirun:
+        return [overrides]
+    choices = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            choices.append([o.input_line])
+            continue
+        try:
+            values = list(o.sweep_string_iterator())
+        except Exception:  # noqa: BLE001 - an interval, a sweeper's own syntax: not ours
+            continue
+        prefix = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~"}.get(o.type.name, "")
+        choices.append([f"{prefix}{o.get_key_element()}={v}" for v in values])
+    return [list(job) for job in itertools.islice(itertools.product(*choices), MAX_CHECKED_JOBS)]
+
+
+def check_composes(conf: Path, config_name: str, argv: list[str]) -> None:
+    """ConfigError, naming the key and what it accepts, if a job of this command line does not
+    compose; before Hydra starts, which would report it over several lines with exit 1."""
+    flags = {a for a in argv if a.startswith("-")}
+    if flags - {"-m", "--multirun"} or GlobalHydra.instance().is_initialized():
+        return  # Hydra's own options (--cfg, -cn, ...), or inside a Hydra app: Hydra reports
+    overrides = [a for a in argv if not a.startswith("-")]
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        try:
+            for job in _jobs(overrides, bool(flags)):
+                compose(config_name, job, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise ConfigError(_one_line(exc)) from None
+
+
 def run(
-    hydra_main: Callable[[], Any],
+    command: Callable[[], Any],
     resume: Callable[[list[str]], list[str]] = resume_sweep,
 ) -> None:
-    """Call a `@hydra.main` function. A config Hydra cannot compose (an unknown key, a value of
-    the wrong type or outside an enum) is the user's error: one line, exit 2, before any task
-    starts. `resume` rewrites the command line first (into an earlier run's directory)."""
-    global _task_started
-    _task_started = False
-    # the switches below last for this call only: a test (or any program) that runs several
-    # commands in one process must not inherit them
-    saved = {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", _SET_BY_FOXHUNT)}
-    try:
-        _run(hydra_main, resume)
-    finally:
-        _task_started = False
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _run(hydra_main: Callable[[], Any], resume: Callable[[list[str]], list[str]]) -> None:
+    """Start a `@cli.main` command: the intra-op threads set, the command line rewritten by
+    `resume` (into an earlier run's directory) and checked to compose, then Hydra."""
     register_configs()
     use_cpus()  # intra-op threads: the CPUs this process may use (foxhunt.threads)
     try:
         sys.argv[1:] = resume(sys.argv[1:])
+        if not _full_error():
+            command.check_composes(sys.argv[1:])
     except FoxhuntError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
-    if os.environ.get("HYDRA_FULL_ERROR") != "1":
-        os.environ |= {"HYDRA_FULL_ERROR": "1", _SET_BY_FOXHUNT: "1"}
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException) as exc:
-        if _task_started or not os.environ.get(_SET_BY_FOXHUNT):
-            raise  # the user's HYDRA_FULL_ERROR=1: the traceback
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
-    except SystemExit as exc:
-        if exc.code == 1 and not _task_started:
-            sys.exit(EXIT_USER_ERROR)
-        raise
+    command()

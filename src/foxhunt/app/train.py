@@ -182,6 +182,17 @@ def train(
     `overrides` (the command line's) identify the experiment for `resume=auto`;
     `init_weights`: a checkpoint whose weights (not its optimizer or epoch) this run starts
     from, unless it resumes (a walk-forward fold fine-tuned from the previous fold's best)."""
+    with _torch_flags_kept():  # trainer.deterministic=true sets them for the whole process
+        return _train(cfg, run_dir, extra_callbacks, overrides, init_weights)
+
+
+def _train(
+    cfg: DictConfig,
+    run_dir: Path,
+    extra_callbacks: Sequence[L.Callback],
+    overrides: Sequence[str],
+    init_weights: Path | None,
+) -> dict[str, Any]:
     started = time.perf_counter()
     run = prepare(cfg, run_dir)
     resumed = resume_point(cfg, run, overrides)
@@ -252,7 +263,8 @@ def assemble(
         memory.insert(0, BatchSizeSearch(cfg))
     interrupt = GracefulInterrupt(run.checkpoints)
     callbacks = [*memory, interrupt, *configured, latest, outcome, *extra_callbacks]
-    callbacks.append(ShareCpus())  # intra-op threads: the CPUs other processes leave free
+    # intra-op threads: the CPUs other processes leave free, unless the run must be exact
+    callbacks.append(ShareCpus(fixed=bool(cfg.trainer.get("deterministic"))))
     if cfg.precision.name == "int8":
         callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
     trainer = make_trainer(
@@ -476,6 +488,18 @@ def _report(cfg: DictConfig, run_dir: Path, summary: dict, module: TFTModule, da
         log.warning(
             "the run report failed (%s: %s); the run itself is complete", type(exc).__name__, exc
         )
+
+
+@contextmanager
+def _torch_flags_kept() -> Iterator[None]:
+    """torch's deterministic-algorithms switch as it was before the run: the next run in this
+    process (a sweep's, a backtest's fold, a test's) sets its own."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 @contextmanager
