@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt.app import cli
-from foxhunt.app.export import export_command, register_config
+from foxhunt.app.export import export_command
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="export")
@@ -26,5 +26,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    register_config()
     cli.run(main)

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt.app import cli
-from foxhunt.app.interpret import interpret_checkpoint, register_config
+from foxhunt.app.interpret import interpret_checkpoint
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="interpret")
@@ -31,5 +31,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    register_config()
     cli.run(main)
