@@ -41,7 +41,7 @@ from foxhunt.app.export import (
     to_onnx,
 )
 from foxhunt.config import register_configs
-from foxhunt.data.schema import describe
+from foxhunt.data.schema import footer_schema
 from foxhunt.training.module import build_model
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -71,7 +71,7 @@ def alternate(first: Callable[[], Any], second: Callable[[], Any], repeats: int)
 
 def bench(name: str, threads: int, repeats: int, batch: int, batch_repeats: int) -> dict:
     cfg = compose_config(MODELS[name])
-    schema = describe(cfg.data)
+    schema = footer_schema(cfg.data)
     model_cfg = dict(cfg.model)
     model_cfg["quantiles"] = list(model_cfg["quantiles"])
     torch.manual_seed(0)

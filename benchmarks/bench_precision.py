@@ -22,7 +22,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from foxhunt.config import register_configs
-from foxhunt.data.schema import describe, random_batch
+from foxhunt.data.schema import footer_schema, random_batch
 from foxhunt.memory import MB, measure
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.training.module import build_model, make_optimizer, model_init
@@ -69,7 +69,7 @@ def bench(name: str, steps: int) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name, "batch_size": batch_size}
     for precision in ("fp32", "int8"):
         cfg = compose_config([*overrides, f"precision={precision}"])
-        schema = describe(cfg.data)
+        schema = footer_schema(cfg.data)
         model_cfg = dict(cfg.model)
         model_cfg["quantiles"] = list(model_cfg["quantiles"])
         p = {"name": precision}

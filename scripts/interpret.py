@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt.app import cli
-from foxhunt.app.interpret import interpret_checkpoint, register_config
+from foxhunt.app.interpret import interpret_checkpoint
 
 
 @cli.main("interpret")
@@ -29,5 +29,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    register_config()
     cli.run(main)

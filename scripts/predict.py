@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt.app import cli
-from foxhunt.app.predict_cli import predict_command, register_config
+from foxhunt.app.predict_cli import predict_command
 
 
 @cli.main("predict")
@@ -24,5 +24,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    register_config()
     cli.run(main)

@@ -9,15 +9,16 @@ from dataclasses import fields
 import lightning as L
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
 from foxhunt.app.train import make_callbacks, make_logger, make_trainer
-from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, validate
+from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, register_configs, validate
 from foxhunt.errors import ConfigError
 from foxhunt.training.checkpointing import BestCheckpoint
-from tests.helpers import compose_train
+from tests.helpers import CONF, ROOT, compose_train
 
 
 @pytest.mark.parametrize(
@@ -51,6 +52,27 @@ def test_groups_compose_and_validate(overrides, tmp_path):
     trainer = make_trainer(cfg.trainer, logger=logger, callbacks=callbacks)
     assert trainer.max_epochs == cfg.trainer.max_epochs
     assert trainer.gradient_clip_val is None  # foxhunt's step clips, not Lightning
+
+
+@pytest.mark.parametrize(
+    "command, bad",
+    [
+        ("train", "seed=x"),
+        ("predict", "predict.all_windows=maybe"),
+        ("export", "export.opset=x"),
+        ("interpret", "top_k=x"),
+    ],
+)
+def test_register_configs_registers_every_command_schema(command, bad):
+    """One place registers every schema: each conf/<command>.yaml composes against its own,
+    which types its keys (and no other module uses the ConfigStore)."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        compose(command)
+        with pytest.raises(ConfigCompositionException):
+            compose(command, overrides=[bad])
+    stores = [p.name for p in (ROOT / "src").rglob("*.py") if "ConfigStore" in p.read_text()]
+    assert stores == ["config.py"]
 
 
 def test_trainer_schema_has_every_trainer_argument_but_those_foxhunt_sets():

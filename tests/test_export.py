@@ -48,7 +48,7 @@ from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
 from foxhunt.data.features import derive_features, feature_plan, ohlcv_spec  # noqa: E402
 from foxhunt.data.futures import continuous_table  # noqa: E402
 from foxhunt.data.read import _handle_non_finite  # noqa: E402
-from foxhunt.data.schema import describe  # noqa: E402
+from foxhunt.data.schema import footer_schema  # noqa: E402
 from foxhunt.models import fused_vsn  # noqa: E402
 from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
 from foxhunt.quantization.qat import (  # noqa: E402
@@ -520,7 +520,7 @@ def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
     table = pq.read_table(es_sample)
     want, rolls = continuous_table(table, cfg)
     assert len(rolls) == 1
-    got = port["continuous"](table, data_section(cfg, describe(cfg)))
+    got = port["continuous"](table, data_section(cfg, footer_schema(cfg)))
     assert got.equals(want)
 
 
@@ -554,14 +554,14 @@ def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
     for cut in cuts:
         part = table.filter(pc.less_equal(t, cut))
         want, rolls = continuous_table(part, cfg)
-        got = port["continuous"](part, data_section(cfg, describe(cfg)))
+        got = port["continuous"](part, data_section(cfg, footer_schema(cfg)))
         assert got.equals(want), cut
         held.add(rolls[-1].to_id)
     assert held == {"ESU7", "ESZ7"}
     if confirm == 400:
         cfg.futures.roll.strict = True
         with pytest.raises(port["InputError"], match="ESH6 and ESM6: no roll signal"):
-            port["continuous"](table, data_section(cfg, describe(cfg)))
+            port["continuous"](table, data_section(cfg, footer_schema(cfg)))
 
 
 def test_a_file_cut_mid_quarter_forecasts_from_the_contract_held_at_the_cut(futures, tmp_path):

@@ -1,5 +1,5 @@
-"""Structured config schemas (one dataclass per Hydra group) and the semantic checks run after
-composition, before any data is read."""
+"""Structured config schemas (one dataclass per Hydra group, and each command's: all registered
+by `register_configs`) and the semantic checks run after composition, before any data is read."""
 
 from __future__ import annotations
 
@@ -320,10 +320,75 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+# --- the other commands' configs: conf/predict.yaml, conf/export.yaml, conf/interpret.yaml ---
+
+
+@dataclass
+class PredictOptions:
+    all_windows: bool = False  # every complete window, not only each instrument's latest
+    batch_size: int | None = None  # None: the largest the memory estimator fits on the device
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    out: str | None = None  # None: the run directory; a directory gets predictions.parquet
+    overwrite: bool = False  # replace an existing predict.out file (never the input data)
+    preview_rows: int = 8
+
+
+@dataclass
+class PredictConfig:
+    """conf/predict.yaml: `python scripts/predict.py ckpt_path=/abs/x.ckpt [data...]`."""
+
+    data: DataConfig = MISSING
+    ckpt_path: str | None = None
+    predict: PredictOptions = field(default_factory=PredictOptions)
+
+
+# torch.onnx translates to opset 18 (its torchlib's) and converts to a later one when asked
+MIN_OPSET = 18
+
+
+@dataclass
+class ExportOptions:
+    out: str | None = None  # None: the run directory; model.onnx and model.json go inside
+    opset: int = MIN_OPSET  # the ONNX opset (18 or later)
+    overwrite: bool = False  # replace an export already in export.out
+
+
+@dataclass
+class ExportConfig:
+    """conf/export.yaml: `python scripts/export.py ckpt_path=/abs/x.ckpt [export...]`."""
+
+    data: DataConfig = MISSING
+    ckpt_path: str | None = None
+    export: ExportOptions = field(default_factory=ExportOptions)
+
+
+@dataclass
+class InterpretConfig:
+    """conf/interpret.yaml: `python scripts/interpret.py ckpt_path=/abs/x.ckpt [data...]`."""
+
+    data: DataConfig = MISSING
+    ckpt_path: str | None = None
+    out_dir: str | None = None  # None: the Hydra run directory
+    top_k: int = 10  # variables per selection network in the importance plot
+    windows_per_instrument: int = 3  # test windows per instrument in the forecast fan chart
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+
+
+# every command's schema, by the name its conf/<command>.yaml lists in its defaults
+SCHEMAS = {
+    "train_schema": TrainConfig,
+    "predict_schema": PredictConfig,
+    "export_schema": ExportConfig,
+    "interpret_schema": InterpretConfig,
+}
+
+
 def register_configs() -> None:
-    """Register the schemas so each group's YAML is type-checked at composition."""
+    """Register every command's schema so its YAML is type-checked at composition
+    (`foxhunt.app.cli.run` does, before any script composes its config)."""
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
 
 
 def parse_time(key: str, value: str | None) -> int | None:

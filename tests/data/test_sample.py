@@ -13,7 +13,7 @@ from foxhunt.data import sample as sample_module
 from foxhunt.data import source as source_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
-from foxhunt.data.schema import describe
+from foxhunt.data.schema import footer_schema
 from foxhunt.data.source import ensure_sample
 from foxhunt.errors import DataError
 from tests.helpers import compose_train, with_
@@ -212,7 +212,7 @@ def test_a_mistyped_path_is_not_found_not_generated(tmp_path, monkeypatch, data_
     with pytest.raises(DataError, match=r"^data file not found: .*/nope.parquet$"):
         ParquetDataModule(cfg).setup()
     with pytest.raises(DataError, match=r"^data file not found: .*/nope.parquet$"):
-        describe(cfg)  # what the memory estimator reads first
+        footer_schema(cfg)  # what the memory estimator reads first
     assert [p.name for p in tmp_path.iterdir()] == ["bars.parquet"]  # data_cfg's own file
 
 

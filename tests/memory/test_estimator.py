@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from foxhunt.app.train import train
-from foxhunt.data.schema import describe
+from foxhunt.data.schema import footer_schema
 from foxhunt.errors import ConfigError
 from foxhunt.memory import (
     MB,
@@ -148,7 +148,7 @@ def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model
 def test_parts_add_up_and_parameter_bytes_are_the_models(es_sample):
     cfg = small(es_sample)
     est = estimate(cfg, 8, device="cpu")
-    model = build_model(dict(cfg.model), describe(cfg.data))
+    model = build_model(dict(cfg.model), footer_schema(cfg.data))
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert est.params == sum(p.numel() for p in model.parameters())
     for step in (est.train, est.val):

@@ -35,7 +35,6 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
@@ -45,13 +44,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from foxhunt.app.inference import data_changes
 from foxhunt.app.predict import Predictor, load
-from foxhunt.config import DataConfig, parse_time
+from foxhunt.config import MIN_OPSET, parse_time
 from foxhunt.data.columns import OHLCV_FIELDS, OHLCV_TARGET, column_plan, ohlcv_spec_of
 from foxhunt.data.features import feature_plan, warmup_of
 from foxhunt.data.read import futures_enabled
@@ -65,8 +63,6 @@ FORMAT = "foxhunt-onnx"  # model.json's `format`
 FORMAT_VERSION = 1
 ONNX_FILE, JSON_FILE = "model.onnx", "model.json"
 OUTPUT = "quantiles"
-# torch.onnx translates to opset 18 (its torchlib's) and converts to a later one when asked
-MIN_OPSET = 18
 EXAMPLE_BATCH = 7  # the batch torch.export traces with (1 would be specialized, not dynamic)
 CHECK_BATCH_SIZES = (1, 7)  # verified at export
 # The largest difference of ONNX Runtime against PyTorch allowed, relative to the largest value.
@@ -99,27 +95,6 @@ DERIVATIONS = {
 
 class ExportError(FoxhuntError):
     """The model cannot be exported (the op, or the step that failed, and why)."""
-
-
-@dataclass
-class ExportOptions:
-    out: str | None = None  # None: the run directory; model.onnx and model.json go inside
-    opset: int = MIN_OPSET  # the ONNX opset (18 or later)
-    overwrite: bool = False  # replace an export already in export.out
-
-
-@dataclass
-class ExportConfig:
-    """conf/export.yaml: `python scripts/export.py ckpt_path=/abs/x.ckpt [export...]`."""
-
-    data: DataConfig = MISSING
-    ckpt_path: str | None = None
-    export: ExportOptions = field(default_factory=ExportOptions)
-
-
-def register_config() -> None:
-    """Register the export schema so conf/export.yaml is type-checked at composition."""
-    ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 
 
 # --- the inputs ------------------------------------------------------------------------------
@@ -236,7 +211,7 @@ def export_onnx(
     model, precision = exportable(predictor, source)
     onnx_bytes = to_onnx(model, predictor.schema, opset)
     parity = verify(onnx_bytes, model, predictor.schema, PARITY_RTOL[precision])
-    description = describe(predictor, source, precision, opset, parity)
+    description = model_description(predictor, source, precision, opset, parity)
     description["sha256"] = hashlib.sha256(onnx_bytes).hexdigest()
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / ONNX_FILE, lambda f: f.write(onnx_bytes))
@@ -468,7 +443,7 @@ def _version(package: str) -> str:
 # --- model.json ------------------------------------------------------------------------------
 
 
-def describe(
+def model_description(
     predictor: Predictor, source: Path, precision: str, opset: int, parity: dict[str, Any]
 ) -> dict[str, Any]:
     """model.json: everything a consumer needs besides model.onnx (see docs/export.md)."""

@@ -5,17 +5,14 @@ quantile, written as `interpretation.json` and PNG plots (`python scripts/interp
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
 from foxhunt.app.inference import run_device, training_data_config
-from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
@@ -31,23 +28,6 @@ PLOTS = {
     "forecast_fan": "forecast_fan.png",
 }
 MAX_FAN_INSTRUMENTS = 6  # rows of the fan chart; more would not be readable in one image
-
-
-@dataclass
-class InterpretConfig:
-    """conf/interpret.yaml: `python scripts/interpret.py ckpt_path=/abs/x.ckpt [data...]`."""
-
-    data: DataConfig = MISSING
-    ckpt_path: str | None = None
-    out_dir: str | None = None  # None: the Hydra run directory
-    top_k: int = 10  # variables per selection network in the importance plot
-    windows_per_instrument: int = 3  # test windows per instrument in the forecast fan chart
-    device: str = "auto"  # auto (cuda when available) | cpu | cuda
-
-
-def register_config() -> None:
-    """Register the interpret schema so conf/interpret.yaml is type-checked at composition."""
-    ConfigStore.instance().store(name="interpret_schema", node=InterpretConfig)
 
 
 def have_matplotlib() -> bool:

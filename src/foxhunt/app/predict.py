@@ -36,13 +36,13 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.app.inference import run_device, training_data_config
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
-from foxhunt.data.datamodule import WindowDataset, resolve_intraday, window_tensors
+from foxhunt.data.datamodule import resolve_intraday
 from foxhunt.data.features import KNOWN_CALENDAR
 from foxhunt.data.horizon import Future, known_at, split_future
 from foxhunt.data.read import Series, load_table
-from foxhunt.data.schema import DataSchema
+from foxhunt.data.schema import DataSchema, drop_features
 from foxhunt.data.source import open_dataset
-from foxhunt.data.splits import normalized_statics
+from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
@@ -199,44 +199,36 @@ def build_windows(
     loaded = load_table(observed_rows, cfg)
     series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
-    dropped = schema.dropped  # the features the model was trained without (constant then)
-    found = DataSchema(
-        observed=[c for c in loaded.observed if c not in dropped],
-        known=[c for c in loaded.known if c not in dropped],
-        static=loaded.static,
-        groups=names if cfg.group_column else [],
-        target=loaded.target,
-        target_kind=loaded.target_kind,
-        encoder_length=schema.encoder_length,
-        prediction_length=schema.prediction_length,
-    )
-    schema.check_matches(found)
-    columns = [loaded.target, *loaded.observed, *loaded.known]
-    keep = [columns.index(c) for c in schema.encoder_columns]
-    _check_history(series, names, observed_rows, cfg, schema.encoder_length)
-
     e, h = schema.encoder_length, schema.prediction_length
-    group_of_series, static_by_group = normalized_statics(
-        schema.to_dict(), [s.name for s in series], [s.static for s in series]
+    # without the features the model was trained without (constant then)
+    found, keep = drop_features(
+        DataSchema.from_loaded(
+            loaded, cfg, names if cfg.group_column else [], encoder_length=e, prediction_length=h
+        ).to_dict(),
+        schema.dropped,
     )
+    schema.check_matches(DataSchema.from_dict(found))
+    _check_history(series, names, observed_rows, cfg, e)
+
+    known_from = 1 + len(loaded.observed)  # the first known input's column
     keys = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    rows, groups, starts, lacking = [], [], [], []
-    offset = 0
-    for s, group in zip(series, group_of_series, strict=True):
+    builder = WindowBuilder(["predict"])
+    lacking = []
+    for s in series:
         times, given, future_known = _future_steps(s, future.get(s.name), cfg, h)
         if len(times) < h and not all_windows:
             lacking.append(f"{s.name} has {len(times)}")
         n, f = len(s.target), len(times)
-        block = np.full((n + f, len(columns)), np.nan)
-        block[:n] = np.column_stack([s.target, s.observed, s.known])
-        block[n:, len(columns) - len(loaded.known) :] = future_known
         first = e - 1 if all_windows else n - 1
         origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
         if len(origins) == 0:
             if all_windows:
                 lacking.append(f"{s.name} has {len(times)}")
             continue
+        rows = np.full((n + f, known_from + len(loaded.known)), np.nan)
+        rows[:n] = encoder_rows(s)
+        rows[n:, known_from:] = future_known
         steps = origins[:, None] + np.arange(1, h + 1)
         time_all = np.concatenate([s.time_ns, times])
         parts["instrument"].append(np.full(len(origins), s.name, dtype=object))
@@ -244,10 +236,7 @@ def build_windows(
         parts["target_ns"].append(time_all[steps])
         parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
         parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
-        rows.append(block[:, keep])
-        groups.append(np.full(n + f, group, dtype=np.int64))
-        starts.append(offset + origins - e + 1)
-        offset += n + f
+        builder.add(s.name, rows, time_all, [origins - e + 1], s.static)
     if lacking:
         raise DataError(
             f"the forecast needs the known input(s) {', '.join(cfg.known_features)} for the "
@@ -255,18 +244,8 @@ def build_windows(
             f"target empty ({'; '.join(lacking)})"
             + ("" if all_windows else ", or use predict.all_windows=true for past windows")
         )
-    inputs, target, known = window_tensors(np.concatenate(rows), schema)
-    dataset = WindowDataset(
-        inputs,
-        target,
-        torch.from_numpy(np.concatenate(groups)),
-        torch.from_numpy(static_by_group.astype(np.float32)),
-        known,
-        np.concatenate(starts),
-        e,
-        h,
-        bool(schema.groups),
-    )
+    arrays = builder.normalize(schema.to_dict(), keep)
+    dataset = arrays.datasets(e, h, bool(schema.groups))["predict"]
     return Windows(dataset=dataset, **{k: np.concatenate(v) for k, v in parts.items()})
 
 

@@ -4,45 +4,18 @@ predict.out) and prints a preview and where it wrote."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.app.inference import data_changes
 from foxhunt.app.predict import load
-from foxhunt.config import DataConfig
 from foxhunt.errors import ConfigError
 from foxhunt.files import check_writable, write_atomic
-
-
-@dataclass
-class PredictOptions:
-    all_windows: bool = False  # every complete window, not only each instrument's latest
-    batch_size: int | None = None  # None: the largest the memory estimator fits on the device
-    device: str = "auto"  # auto (cuda when available) | cpu | cuda
-    out: str | None = None  # None: the run directory; a directory gets predictions.parquet
-    overwrite: bool = False  # replace an existing predict.out file (never the input data)
-    preview_rows: int = 8
-
-
-@dataclass
-class PredictConfig:
-    """conf/predict.yaml: `python scripts/predict.py ckpt_path=/abs/x.ckpt [data...]`."""
-
-    data: DataConfig = MISSING
-    ckpt_path: str | None = None
-    predict: PredictOptions = field(default_factory=PredictOptions)
-
-
-def register_config() -> None:
-    """Register the predict schema so conf/predict.yaml is type-checked at composition."""
-    ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
 
 
 def preview(table: pa.Table, rows: int) -> str:

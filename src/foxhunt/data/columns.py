@@ -113,7 +113,7 @@ def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
         return None
     options = {f.name for f in dataclasses.fields(OhlcvSpec)} - {"intraday"}
     spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
-    # unresolved (no data seen: `describe` for the memory estimator): as intraday bars
+    # unresolved (no data seen: `footer_schema` for the memory estimator): as intraday bars
     intraday = getattr(cfg.ohlcv, "intraday", "auto")
     return dataclasses.replace(spec, intraday=intraday in (True, "auto", "true"))
 
@@ -184,7 +184,7 @@ def check_files(dataset: pads.Dataset, cfg: Any, values: list[str]) -> None:
 
 @dataclass
 class ColumnPlan:
-    """What to read and the role of every column; shared by `load` and `stream`."""
+    """What to read and the role of every column; shared by `read_data` and `stream`."""
 
     cfg: Any
     observed: list[str]  # the model's observed inputs (derived ones with features=ohlcv)

@@ -1,116 +1,29 @@
 """The Parquet LightningDataModule: chronological splits, train-only normalization and
-encoder/decoder windows as index arithmetic over contiguous float32 arrays: in memory, or a
+encoder/decoder windows (`foxhunt.data.windows`) over contiguous float32 arrays: in memory, or a
 disk-backed store built one instrument at a time (data.lazy, `foxhunt.data.store`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
-from foxhunt.data.read import Loaded, bar_step, load, timeline
-from foxhunt.data.schema import DataSchema, constant_features, drop_features, found_schema
+from foxhunt.data.read import bar_step, read_data, timeline
+from foxhunt.data.schema import DataSchema, constant_features, drop_features
 from foxhunt.data.source import ensure_sample
-from foxhunt.data.splits import (
-    SPLITS,
-    Cuts,
-    as_float32,
-    calendar_cuts,
-    check_normalized,
-    mean_std,
-    normalized_statics,
-    split_record,
-    split_starts,
-)
+from foxhunt.data.splits import SPLITS, calendar_cuts
 from foxhunt.data.store import open_store, wants_lazy
+from foxhunt.data.windows import WindowArrays, WindowBuilder, WindowDataset, split_windows
 from foxhunt.errors import DataError
 
 log = logging.getLogger(__name__)
 DAILY_BAR_NS = 20 * 3600 * 10**9  # a median step this long: daily (or longer) bars
-
-
-class WindowDataset(Dataset):
-    """Windows of `encoder_length + prediction_length` rows starting at `starts`.
-
-    `__getitems__` builds a whole batch with one gather per tensor; the DataLoader then only
-    passes it through (`collate=_passthrough`)."""
-
-    def __init__(
-        self,
-        inputs: torch.Tensor,
-        target: torch.Tensor,
-        group: torch.Tensor,
-        static_real: torch.Tensor,
-        known: torch.Tensor,
-        starts: np.ndarray,
-        encoder_length: int,
-        prediction_length: int,
-        has_groups: bool,
-        time_ns: torch.Tensor | None = None,
-    ) -> None:
-        self.inputs = inputs  # [rows, 1 + observed + known], normalized
-        self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
-        self.target = target  # [rows], normalized
-        self.group = group  # [rows] instrument index
-        self.static_real = static_real  # [groups, static]
-        # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
-        self.time_ns = time_ns
-        self.starts = torch.from_numpy(starts)
-        self.enc_offsets = torch.arange(encoder_length)
-        self.dec_offsets = torch.arange(encoder_length, encoder_length + prediction_length)
-        self.has_groups = has_groups
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        s = self.starts[torch.as_tensor(indices)]
-        enc = s[:, None] + self.enc_offsets
-        dec = s[:, None] + self.dec_offsets
-        group = self.group[s]
-        return {
-            "encoder_cont": self.inputs[enc],
-            "decoder_known": self.known[dec],
-            "static_cat": group[:, None] if self.has_groups else group[:, None][:, :0],
-            "static_real": self.static_real[group],
-            "target": self.target[dec],
-            "target_last": self.target[enc[:, -1]],
-            "index": s,  # the window's first row: which sample this is
-        }
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
-
-    def target_times(self, indices: np.ndarray) -> np.ndarray:
-        """The target (decoder) rows' times [len(indices), prediction_length], int64 ns UTC."""
-        if self.time_ns is None:
-            raise ValueError("these windows were built without their times")
-        return self.time_ns[
-            self.starts[torch.as_tensor(indices)][:, None] + self.dec_offsets
-        ].numpy()
-
-
-def window_tensors(
-    rows: np.ndarray,
-    schema: DataSchema,
-    instrument_of: Callable[[int], str | None] = lambda row: None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 encoder rows [rows, 1 + observed + known] normalized with the schema's statistics:
-    the float32 inputs, target (column 0) and known (trailing columns) that WindowDataset takes.
-    A DataError names the column (and `instrument_of(row)`) where one is not finite."""
-    mean, std = schema.input_mean, schema.input_std
-    normalized = as_float32((rows - np.asarray(mean)) / np.asarray(std))
-    check_normalized(normalized, schema.encoder_columns, mean, std, instrument_of)
-    inputs = torch.from_numpy(normalized)
-    known = inputs[:, inputs.shape[1] - len(schema.known) :].contiguous()
-    return inputs, inputs[:, 0].contiguous(), known
 
 
 class EpochShuffle(DistributedSampler):
@@ -196,80 +109,23 @@ class ParquetDataModule(L.LightningDataModule):
             return
         self.prepare_data()
         resolve_intraday(self.cfg, self.fixed_schema)
-        if wants_lazy(self.cfg):
-            self._build_lazy()
-        else:
-            loaded = load(self.cfg)  # first: its checks name what is wrong with the files
-            self._build(loaded, calendar_cuts(timeline(self.cfg), self.cfg))
-
-    def _build(self, loaded: Loaded, cuts: Cuts) -> None:
-        """The in-memory path: every instrument at once, normalized into one tensor."""
-        cfg = self.cfg
-        self.rolls = loaded.rolls  # data.futures: every root's rolls (rolls.csv)
-        series = list(loaded.series)
-        E, H = cfg.encoder_length, cfg.prediction_length
-        splits = [split_starts(s.time_ns, cuts, E, H) for s in series]
-        self.splits = split_record(cuts, series, splits, E, H)
-        offsets = np.cumsum([0] + [len(s.target) for s in series])[:-1]
-        inputs = np.concatenate([np.column_stack([s.target, s.observed, s.known]) for s in series])
-        statics = np.stack([s.static for s in series]) if series else np.zeros((0, 0))
-        train_rows = np.concatenate(
-            [
-                np.arange(o + sp[3].start, o + sp[3].stop)
-                for o, sp in zip(offsets, splits, strict=True)
-            ]
-        )
-        train = inputs[train_rows]
-        names = [s.name for s in series]
-        found = found_schema(loaded, cfg, names, *mean_std(train), statics)
-        constant = np.zeros(inputs.shape[1], bool)
-        if len(train):
-            constant = train.min(axis=0) == train.max(axis=0)
-        schema = DataSchema.from_dict(self.resolve_schema(found, constant))
-        inputs = inputs[:, drop_features(found, schema.dropped)[1]]
-
-        def instrument_of(row: int) -> str:
-            return series[int(np.searchsorted(offsets, row, side="right")) - 1].name
-
-        inputs_t, target_t, known_t = window_tensors(inputs, schema, instrument_of)
-        group_of_series, static_by_group = normalized_statics(
-            schema.to_dict(), [s.name for s in series], [s.static for s in series]
-        )
-        group_t = torch.from_numpy(np.repeat(group_of_series, [len(s.target) for s in series]))
-        time_t = torch.from_numpy(np.concatenate([s.time_ns for s in series]).astype(np.int64))
-        static_t = torch.from_numpy(static_by_group.astype(np.float32))
-        starts = {
-            split: np.concatenate([sp[i] + o for sp, o in zip(splits, offsets, strict=True)])
-            for i, split in enumerate(SPLITS)
-        }
-        self._make_datasets(
-            schema, inputs_t, target_t, known_t, group_t, static_t, time_t, starts, len(series)
-        )
-
-    def _build_lazy(self) -> None:
-        """The lazy path: a disk-backed store built one instrument at a time (`data.store`)."""
-
-        fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
-        store = open_store(self.cfg, fixed, self.resolve_schema)
-        self.store_path = store.path
-        self.rolls = store.rolls
-        log.info("data: %s the window store %s", "reusing" if store.reused else "built", store.path)
-        inputs, target, known, group, static, time_ns = (
-            torch.from_numpy(a)
-            for a in (
-                store.inputs,
-                store.target,
-                store.known,
-                store.group,
-                store.static,
-                store.time_ns,
+        if wants_lazy(self.cfg):  # a disk-backed store built one instrument at a time
+            fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
+            store = open_store(self.cfg, fixed, self.resolve_schema)
+            self.store_path = store.path
+            log.info(
+                "data: %s the window store %s", "reusing" if store.reused else "built", store.path
             )
-        )
-        schema = DataSchema.from_dict(store.schema)
-        self.splits = store.splits
-        self._make_datasets(
-            schema, inputs, target, known, group, static, time_ns, store.starts, store.instruments
-        )
+            schema, arrays, self.splits = store.schema, store.arrays, store.splits
+            self.rolls, instruments = store.rolls, store.instruments
+        else:  # every instrument at once, in memory
+            loaded = read_data(self.cfg)  # first: its checks name what is wrong with the files
+            cuts = calendar_cuts(timeline(self.cfg), self.cfg)
+            schema, arrays, self.splits = split_windows(
+                loaded, cuts, self.cfg, self.resolve_schema, WindowBuilder()
+            )
+            self.rolls, instruments = loaded.rolls, len(loaded.series)
+        self._make_datasets(DataSchema.from_dict(schema), arrays, instruments)
 
     def resolve_schema(self, found: dict[str, Any], constant: Any) -> dict[str, Any]:
         """The schema to normalize with, from schema dict `found` (every column the data gives,
@@ -284,21 +140,10 @@ class ParquetDataModule(L.LightningDataModule):
         fixed.check_matches(DataSchema.from_dict(found))
         return fixed.to_dict() | {"skipped": found["skipped"]}
 
-    def _make_datasets(
-        self,
-        schema: DataSchema,
-        inputs: torch.Tensor,
-        target: torch.Tensor,
-        known: torch.Tensor,
-        group: torch.Tensor,
-        static: torch.Tensor,
-        time_ns: torch.Tensor,
-        starts: dict[str, np.ndarray],
-        instruments: int,
-    ) -> None:
+    def _make_datasets(self, schema: DataSchema, arrays: WindowArrays, instruments: int) -> None:
         cfg = self.cfg
         for split in SPLITS:
-            if len(starts[split]) == 0 and (split == "train" or _fraction(cfg, split) > 0):
+            if len(arrays.starts[split]) == 0 and (split == "train" or _fraction(cfg, split) > 0):
                 cuts = self.splits["cuts"]
                 raise DataError(
                     f"the {split} split has no complete window (validation from "
@@ -307,18 +152,9 @@ class ParquetDataModule(L.LightningDataModule):
                     "data.test_fraction or data.split.*) or shorten "
                     "data.encoder_length/prediction_length"
                 )
-            self.datasets[split] = WindowDataset(
-                inputs,
-                target,
-                group,
-                static,
-                known,
-                starts[split],
-                cfg.encoder_length,
-                cfg.prediction_length,
-                bool(cfg.group_column),
-                time_ns,
-            )
+        self.datasets = arrays.datasets(
+            cfg.encoder_length, cfg.prediction_length, bool(cfg.group_column)
+        )
         self.schema = schema
         for split in SPLITS:
             empty = [n for n, spans in self.splits["instruments"].items() if spans[split] is None]
@@ -338,7 +174,7 @@ class ParquetDataModule(L.LightningDataModule):
         log.info(
             "data: %d instruments, %d rows, %d features; windows train/val/test = %d/%d/%d",
             instruments,
-            len(inputs),
+            len(arrays.inputs),
             schema.num_features,
             *(len(self.datasets[s]) for s in SPLITS),
         )
@@ -402,7 +238,7 @@ def _fraction(cfg: Any, split: str) -> float:
 def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
     """data.ohlcv.intraday=auto, resolved in `cfg`: as `schema` (a checkpoint's) has it, else
     from the median bar step of the data's first file (daily bars or longer: no time-of-day
-    features). A file whose times cannot be read is left to `load` to name what is wrong."""
+    features). A file whose times cannot be read is left to `read_data` to name what is wrong."""
     if cfg.features != "ohlcv" or getattr(cfg.ohlcv, "intraday", None) != "auto":
         return
     if schema is not None:

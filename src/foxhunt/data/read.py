@@ -2,7 +2,7 @@
 times, instrument names as text, float64 values), then checked and shaped into one contiguous
 block of rows per instrument, with the features in their TFT roles.
 
-`load` reads the whole projected table at once; `foxhunt.data.stream` reads the same series one
+`read_data` reads the whole projected table at once; `foxhunt.data.stream` reads the same series one
 instrument at a time with the same per-instrument checks (`make_series`)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Loaded:
     static: list[str]
     target: str
     target_kind: str
-    series: Iterable[Series]  # a list from `load`, an iterator from `stream`
+    series: Iterable[Series]  # a list from `read_data`, an iterator from `stream`
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
     rolls: list[Roll] = field(default_factory=list)  # data.futures: every root's rolls
 
@@ -252,7 +252,7 @@ def make_series(
     return Series(name, t, obs, kn, st, y)
 
 
-def load(cfg: Any) -> Loaded:
+def read_data(cfg: Any) -> Loaded:
     """Read, check and shape the configured data; every user-fixable problem is a DataError."""
     dataset = open_dataset(cfg.path)
     plan = column_plan(dataset, cfg)
@@ -267,7 +267,7 @@ def load(cfg: Any) -> Loaded:
 
 
 def projection(plan: ColumnPlan) -> list[str]:
-    """The columns `load` reads: time, group, the numeric values, data.futures' own."""
+    """The columns `read_data` reads: time, group, the numeric values, data.futures' own."""
     cfg = plan.cfg
     columns = [cfg.time_column] + ([cfg.group_column] if cfg.group_column else []) + plan.values
     return columns + [c for c in (expiry_column(cfg), root_column(cfg)) if c]
@@ -299,7 +299,7 @@ def common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
 
 
 def load_table(table: pa.Table, cfg: Any) -> Loaded:
-    """`load` for a table already in memory (`cfg.path` only names it in messages)."""
+    """`read_data` for a table already in memory (`cfg.path` only names it in messages)."""
     return from_table(column_plan(pads.dataset(table), cfg), table)
 
 

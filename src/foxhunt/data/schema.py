@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from foxhunt.data.columns import column_plan
-from foxhunt.data.read import instrument_names
+from foxhunt.data.columns import ColumnPlan, column_plan
+from foxhunt.data.read import Loaded, instrument_names
 from foxhunt.data.source import ensure_sample, open_dataset
 from foxhunt.data.splits import mean_std
 from foxhunt.errors import CheckpointError
@@ -64,6 +64,28 @@ class DataSchema:
     def from_dict(cls, d: dict[str, Any]) -> DataSchema:
         return cls(**d)
 
+    @classmethod
+    def from_loaded(
+        cls, loaded: Loaded | ColumnPlan, cfg: Any, groups: list[str], **fields: Any
+    ) -> DataSchema:
+        """The schema of what the data gives: the columns by role of `loaded` (or of the
+        column plan it is read by), instruments `groups`, the window lengths of data config
+        `cfg`; `fields`: any others (the normalization), or lengths of their own."""
+        return cls(
+            **{
+                "observed": list(loaded.observed),
+                "known": list(loaded.known),
+                "static": list(loaded.static),
+                "groups": list(groups),
+                "target": loaded.target,
+                "target_kind": loaded.target_kind,
+                "encoder_length": cfg.encoder_length,
+                "prediction_length": cfg.prediction_length,
+                "skipped": dict(loaded.skipped),
+                **fields,
+            }
+        )
+
     def check_matches(self, other: DataSchema) -> None:
         """Raise CheckpointError naming how `other` (the data) differs from this schema."""
         mine = [*self.observed, *self.known, *self.static]
@@ -108,21 +130,15 @@ def found_schema(
     if loaded.target_kind == "return":
         mean[0] = 0.0
     static_mean, static_std = mean_std(statics)
-    return {
-        "observed": loaded.observed,
-        "known": loaded.known,
-        "static": loaded.static,
-        "groups": names if cfg.group_column else [],
-        "target": loaded.target,
-        "target_kind": loaded.target_kind,
-        "encoder_length": cfg.encoder_length,
-        "prediction_length": cfg.prediction_length,
-        "input_mean": mean.tolist(),
-        "input_std": np.asarray(std).tolist(),
-        "static_mean": static_mean.tolist(),
-        "static_std": static_std.tolist(),
-        "skipped": loaded.skipped,
-    }
+    return DataSchema.from_loaded(
+        loaded,
+        cfg,
+        names if cfg.group_column else [],
+        input_mean=mean.tolist(),
+        input_std=np.asarray(std).tolist(),
+        static_mean=static_mean.tolist(),
+        static_std=static_std.tolist(),
+    ).to_dict()
 
 
 def constant_features(found: dict[str, Any], constant: Any) -> dict[str, str]:
@@ -146,24 +162,13 @@ def drop_features(found: dict[str, Any], dropped: dict[str, str]) -> tuple[dict,
     return out, keep
 
 
-def describe(cfg: Any) -> DataSchema:
-    """The configured data's schema from its Parquet footer and group column alone, without
+def footer_schema(cfg: Any) -> DataSchema:
+    """The configured data's schema from its Parquet footers and group column alone, without
     normalization statistics: enough to size a model (the memory estimator's input)."""
     if cfg.generate_if_missing:
         ensure_sample(cfg.path)
     dataset = open_dataset(cfg.path)
-    plan = column_plan(dataset, cfg)
-    return DataSchema(
-        observed=plan.observed,
-        known=plan.known,
-        static=plan.static,
-        groups=instrument_names(dataset, cfg),
-        target=plan.target,
-        target_kind=plan.target_kind,
-        encoder_length=cfg.encoder_length,
-        prediction_length=cfg.prediction_length,
-        skipped=plan.skipped,
-    )
+    return DataSchema.from_loaded(column_plan(dataset, cfg), cfg, instrument_names(dataset, cfg))
 
 
 def random_batch(

@@ -1,8 +1,9 @@
-"""The lazy read: the series `foxhunt.data.read.load` gives, one instrument at a time, each read
-from the row groups (of one or several files) that hold it, so memory holds one instrument. Row
-groups holding several instruments are first sorted out by instrument into spill files, in one
-pass. With data.futures the unit is a root: its contracts are read together and stitched by
-`foxhunt.data.futures.continuous_table`, as `load` does, so memory holds one root's contracts."""
+"""The lazy read: the series `foxhunt.data.read.read_data` gives, one instrument at a time, each
+read from the row groups (of one or several files) that hold it, so memory holds one instrument.
+Row groups holding several instruments are first sorted out by instrument into spill files, in
+one pass. With data.futures the unit is a root: its contracts are read together and stitched by
+`foxhunt.data.futures.continuous_table`, as `read_data` does, so memory holds one root's
+contracts."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from foxhunt.errors import DataError
 
 @dataclass
 class _Layout:
-    """Where each instrument's rows are: row groups, in file order (the order `load` reads)."""
+    """Where each instrument's rows are: row groups, in file order (the order `read_data` reads)."""
 
     pieces: list[pads.Fragment]  # every row group of every file
     parts: dict[str, list[int]]  # instrument (sorted) -> the row groups holding its rows
@@ -192,7 +193,7 @@ def _read_series(plan: ColumnPlan, name: str, layout: _Layout, spill: _Spill) ->
 
 def _root_tables(dataset: pads.Dataset, plan: ColumnPlan, scratch: Path) -> Iterator[pa.Table]:
     """data.futures: each root's rows (every contract of it), in the common types and in file
-    order, as `load` reads them; row groups holding several roots are first sorted out by root
+    order, as `read_data` reads them; row groups holding several roots are first sorted out by root
     into spill files."""
     cfg = plan.cfg
     column = root_column(cfg) or cfg.group_column
@@ -237,8 +238,8 @@ def _stream_roots(dataset: pads.Dataset, plan: ColumnPlan, scratch: Path) -> Loa
 
 
 def stream(cfg: Any, scratch: Path) -> Loaded:
-    """`read.load`, one instrument at a time: `series` is an iterator, and each instrument is read
-    from the row groups that hold it (several files when it spans them), so memory holds one
+    """`read.read_data`, one instrument at a time: `series` is an iterator, and each instrument is
+    read from the row groups that hold it (several files when it spans them), so memory holds one
     instrument. Row groups that hold several instruments are first sorted out into files
     under `scratch`, in one pass. Errors name the file of the offending rows. With
     data.futures one root at a time, `rolls` complete once `series` is read."""

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.splits import mean_std
+from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.loss import quantile_loss
 
 DAY_NS = 86_400 * 10**9

@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from scipy.stats import norm, spearmanr
 
-from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.schema import DataSchema
+from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.baselines import fit_baselines, forecast_all
 from foxhunt.evaluation.forecasts import forecast_table
 from foxhunt.evaluation.stats import pinball_per_quantile

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.schema import DataSchema
+from foxhunt.data.windows import WindowDataset
 
 FORECASTS = "test_forecasts.parquet"
 

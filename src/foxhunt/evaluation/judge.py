@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from foxhunt.data.datamodule import WindowDataset
 from foxhunt.data.schema import DataSchema
+from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.baselines import score_baselines
 from foxhunt.evaluation.forecasts import forecast_table
 from foxhunt.evaluation.quality import equity_curves, evaluate, strategy_summary

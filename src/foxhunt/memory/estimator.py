@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from foxhunt.data.schema import DataSchema, describe
+from foxhunt.data.schema import DataSchema, footer_schema
 from foxhunt.errors import ConfigError
 from foxhunt.memory.budget import MB, counting_suspended
 from foxhunt.memory.gallop import largest_fitting
@@ -73,7 +73,7 @@ def step_plan(cfg: Any, schema: DataSchema | None = None, device: str | None = N
     return StepPlan(
         model=OmegaConf.to_container(cfg.model, resolve=True),
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        schema=schema if schema is not None else describe(cfg.data),
+        schema=schema if schema is not None else footer_schema(cfg.data),
         clip=cfg.trainer.gradient_clip_val,
         checkpointing=cfg.memory.gradient_checkpointing,
         precision=OmegaConf.to_container(cfg.precision, resolve=True),
