@@ -18,6 +18,7 @@ LAYERS = [
     ("data and models", {"data", "models"}),
     ("evaluation: pure functions over forecasts", {"evaluation"}),
     ("quantization", {"quantization"}),
+    ("the precisions: fp32, bf16, int8 as objects", {"precision"}),
     ("training", {"training"}),
     ("the memory plug-in", {"memory"}),
     (

@@ -3,7 +3,6 @@ by `register_configs`) and the semantic checks run after composition, before any
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import itertools
 import typing
@@ -27,6 +26,7 @@ TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
+# each precision is its module foxhunt.precision.<name> and its conf/precision/<name>.yaml
 PrecisionName = StrEnum("PrecisionName", ["fp32", "bf16", "int8"])
 QatBackend = StrEnum("QatBackend", ["torch.ao", "torchao"])
 Device = StrEnum("Device", ["auto", "cpu", "cuda"])
@@ -517,16 +517,4 @@ def validate(cfg: Any) -> None:
         f"trainer.gradient_clip_algorithm={t.gradient_clip_algorithm} does not work with "
         "foxhunt's manual optimization; its step clips the gradient norm to "
         "trainer.gradient_clip_val",
-    )
-    p = cfg.precision
-    if p.name == "int8" and p.backend == "torchao":
-        _check(
-            importlib.util.find_spec("torchao") is not None,
-            "precision.backend=torchao needs torchao: pip install torchao",
-        )
-    _check(
-        p.qat_start_epoch >= 0, f"precision.qat_start_epoch must be >= 0, got {p.qat_start_epoch}"
-    )
-    _check(
-        p.observer_epochs >= 1, f"precision.observer_epochs must be >= 1, got {p.observer_epochs}"
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from foxhunt.errors import ConfigError
-from foxhunt.models import TemporalFusionTransformer
+from foxhunt.models import TemporalFusionTransformer, tft
 from foxhunt.models.blocks import VariableSelectionNetwork
 from tests.helpers import make_batch
 from tests.models.reference_tft import (
@@ -352,3 +352,23 @@ def test_gradient_checkpointing_gives_the_same_gradients(name: str) -> None:
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("onednn_bf16", [True, False])
+def test_lstms_under_cpu_bf16_autocast_run_as_onednn_can(monkeypatch, onednn_bf16: bool) -> None:
+    """CPU bf16 autocast casts oneDNN's LSTM to bfloat16; where oneDNN has no bfloat16 (a CPU
+    without AVX-512) the LSTMs run in float32, the rest of the model in bfloat16."""
+    if onednn_bf16 and not tft._onednn_has_bf16():
+        pytest.skip("oneDNN has no bfloat16 on this CPU")
+    monkeypatch.setattr(tft, "_onednn_has_bf16", lambda: onednn_bf16)
+    model, batch = build("two_lstm_layers")
+    model.train()
+    dtypes = []
+    for lstm in (model.lstm_encoder, model.lstm_decoder):
+        lstm.register_forward_hook(lambda m, args, out: dtypes.append(out[0].dtype))
+    with torch.autocast("cpu", torch.bfloat16):
+        out = model(batch)
+    out.float().square().mean().backward()
+    assert dtypes == [torch.bfloat16 if onednn_bf16 else torch.float32] * 2
+    assert out.dtype == torch.bfloat16  # the output layer under autocast either way
+    assert all(p.grad is not None for p in model.lstm_encoder.parameters())

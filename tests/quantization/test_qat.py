@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ import torch
 from foxhunt.app.train import train
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
-from tests.helpers import compose_train, make_batch, tiny_overrides
+from tests.helpers import ROOT, compose_train, make_batch, tiny_overrides
 
 INIT = dict(
     num_observed=4,
@@ -135,3 +139,29 @@ def test_int8_resume_matches_an_uninterrupted_run(tmp_path, table_path):
 def test_bf16_trains_on_cpu(tmp_path, table_path):
     summary = train(tiny(table_path, "precision=bf16", "trainer.max_epochs=1"), tmp_path / "run")
     assert summary["metrics"]["test_loss"] > 0
+
+
+def test_bf16_trains_on_a_cpu_whose_onednn_has_no_bf16(tmp_path, table_path):
+    """A CPU without AVX-512 (a 2-core AMD EPYC with AVX2): oneDNN has no bf16 LSTM, which
+    autocast would hand it (`could not create a primitive descriptor for the LSTM forward
+    propagation primitive`). ONEDNN_MAX_CPU_ISA=AVX2 makes this CPU such a one: the LSTMs run
+    in float32 under autocast, the rest in bf16."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    overrides = tiny_overrides(
+        table_path, "model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4"
+    )
+    run = tmp_path / "run"
+    args = [*overrides, "precision=bf16", "trainer.max_epochs=1", f"hydra.run.dir={run}"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "oneDNN has no bfloat16 on this CPU" in done.stdout + done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 < summary["metrics"]["test_loss"] < float("inf")

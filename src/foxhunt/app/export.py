@@ -57,6 +57,7 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import check_writable, write_atomic, write_json
+from foxhunt.precision import precision_of
 from foxhunt.quantization.qat import _QuantizeInput, read_int8
 
 FORMAT = "foxhunt-onnx"  # model.json's `format`
@@ -251,11 +252,9 @@ def _require_onnx() -> None:
 def exportable(predictor: Predictor, source: Path) -> tuple[OnnxModel, str]:
     """The model to export, with named inputs, and its precision (fp32 or int8)."""
     model = predictor.model.eval()
-    if predictor.precision.get("name") == "int8":
-        raise ExportError(
-            f"{source} is an int8 quantization-aware checkpoint: export the int8 export its "
-            f"run wrote beside it instead (ckpt_path={source.parent / 'model_int8.safetensors'})"
-        )
+    refusal = precision_of(predictor.precision).onnx_refusal(source)
+    if refusal:
+        raise ExportError(refusal)
     quantized = [  # torch.ao's dynamically quantized LSTMs (foxhunt.quantization.load_int8)
         name
         for name, m in model.named_modules()

@@ -17,7 +17,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import check_writable, write_json
-from foxhunt.quantization import set_qat_phase
+from foxhunt.precision import precision_of
 from foxhunt.training.checkpoint_io import load_module, read_checkpoint_hparams
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,7 @@ def interpret(
     quantiles = [float(q) for q in module.hparams.model["quantiles"]]
     was_training = model.training
     model.eval()
-    if (module.hparams.get("precision") or {}).get("name") == "int8":
-        set_qat_phase(model, observe=False, fake_quant=True)  # as the test split is scored
+    precision_of(module.hparams).for_inference(model)  # as the test split is scored
     device = module.device
     sums = _Sums(schema, quantiles)
     instrument_of_window = dataset.group[dataset.starts].numpy()  # for the fan chart

@@ -46,9 +46,10 @@ from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
-from foxhunt.quantization import set_qat_phase
+from foxhunt.precision import precision_of
+from foxhunt.precision.fp32 import load_weights
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
-from foxhunt.training.checkpoint_io import load_module, load_weights, read_checkpoint
+from foxhunt.training.checkpoint_io import load_module, read_checkpoint
 
 log = logging.getLogger(__name__)
 MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory is free
@@ -103,11 +104,10 @@ def _from_checkpoint(
         raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
     # compile=False: a compiled model would be built for one prediction only
     module = load_module(ckpt, compile=False)
-    int8 = (hparams.get("precision") or {}).get("name") == "int8"
-    if int8:  # the fake-quant model, as the test split scores it
-        set_qat_phase(module.model, observe=False, fake_quant=True)
-    precision = {"name": "int8" if int8 else "fp32"}  # a bf16 checkpoint runs in float32
-    return module.model, module.schema, dict(hparams["model"]), precision
+    trained = precision_of(hparams)
+    model = trained.for_inference(module.model)  # int8: the fake-quant model the test scored
+    precision = {"name": trained.predicts_as}  # a bf16 checkpoint runs in float32
+    return model, module.schema, dict(hparams["model"]), precision
 
 
 def _from_export(

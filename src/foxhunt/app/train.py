@@ -50,12 +50,11 @@ from foxhunt.memory.callbacks import (
     memory_callbacks,
 )
 from foxhunt.memory.search import BatchSizeSearch
-from foxhunt.quantization.callbacks import QATSchedule
-from foxhunt.quantization.score import export_and_score_int8
+from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.run.resume import resume_source
 from foxhunt.threads import ShareCpus
-from foxhunt.training.checkpoint_io import SafeCheckpointIO, export_weights, read_checkpoint_hparams
+from foxhunt.training.checkpoint_io import SafeCheckpointIO, read_checkpoint_hparams
 from foxhunt.training.checkpointing import (
     BestCheckpoint,
     GracefulInterrupt,
@@ -119,7 +118,9 @@ def make_callbacks(callbacks: DictConfig, checkpoint_dir: Path) -> list[L.Callba
     return built
 
 
-def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precision: str) -> None:
+def _check_same_model(
+    hparams: dict[str, Any], model_cfg: dict[str, Any], precision: Precision
+) -> None:
     """A checkpoint resumes only into the model (and precision family) it was trained as."""
     changed = [
         k
@@ -131,10 +132,11 @@ def _check_same_model(hparams: dict[str, Any], model_cfg: dict[str, Any], precis
             "the checkpoint was trained with a different model: "
             + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
         )
-    trained = (hparams.get("precision") or {"name": "fp32"})["name"]
-    if (trained == "int8") != (precision == "int8"):
+    trained = precision_of(hparams)
+    if not trained.same_family(precision):
         raise ConfigError(
-            f"the checkpoint was trained with precision={trained}, not precision={precision}"
+            f"the checkpoint was trained with precision={trained.name}, "
+            f"not precision={precision.name}"
         )
 
 
@@ -158,6 +160,7 @@ class Assembled:
     latest: LatestCheckpoint
     outcome: TrainingOutcome
     memory: list[L.Callback]
+    precision: Precision
 
 
 @dataclass
@@ -195,8 +198,9 @@ def _train(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     run = prepare(cfg, run_dir)
-    resumed = resume_point(cfg, run, overrides)
-    parts = assemble(cfg, run, resumed, extra_callbacks, init_weights)
+    precision = precision_of(cfg)  # chosen once; its settings checked before any data is read
+    resumed = resume_point(cfg, run, overrides, precision)
+    parts = assemble(cfg, run, resumed, precision, extra_callbacks, init_weights)
     fitted = fit_and_test(cfg, parts, resumed.ckpt_path)
     origin = {
         "resumed_from": str(resumed.ckpt_path) if resumed.ckpt_path else None,
@@ -223,7 +227,9 @@ def prepare(cfg: DictConfig, run_dir: Path) -> RunDir:
     return run
 
 
-def resume_point(cfg: DictConfig, run: RunDir, overrides: Sequence[str]) -> Resumed:
+def resume_point(
+    cfg: DictConfig, run: RunDir, overrides: Sequence[str], precision: Precision
+) -> Resumed:
     """The checkpoint this run continues from (`foxhunt.run.resume`), checked to be the same
     model and precision family."""
     resume_from = resume_source(cfg, run.path, overrides)
@@ -231,7 +237,7 @@ def resume_point(cfg: DictConfig, run: RunDir, overrides: Sequence[str]) -> Resu
         return Resumed()
     ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
     remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
-    _check_same_model(hparams, _plain(cfg.model), cfg.precision.name)
+    _check_same_model(hparams, _plain(cfg.model), precision)
     # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
     # resumed sweep's job); otherwise the new run directory leaves the old one untouched
     in_place = ckpt_path.parent == run.checkpoints.resolve()
@@ -242,6 +248,7 @@ def assemble(
     cfg: DictConfig,
     run: RunDir,
     resumed: Resumed,
+    precision: Precision,
     extra_callbacks: Sequence[L.Callback],
     init_weights: Path | None,
 ) -> Assembled:
@@ -265,16 +272,16 @@ def assemble(
     callbacks = [*memory, interrupt, *configured, latest, outcome, *extra_callbacks]
     # intra-op threads: the CPUs other processes leave free, unless the run must be exact
     callbacks.append(ShareCpus(fixed=bool(cfg.trainer.get("deterministic"))))
-    if cfg.precision.name == "int8":
-        callbacks.append(QATSchedule(cfg.precision.qat_start_epoch, cfg.precision.observer_epochs))
+    callbacks += precision.callbacks()  # int8: when QAT observes and fakes quantization
     trainer = make_trainer(
         cfg.trainer,
-        precision=cfg.precision.trainer_precision,
+        precision=precision.trainer_precision,
         default_root_dir=run.path,
         logger=make_logger(cfg.logger, run.path, resumed.in_place),
         callbacks=callbacks,
         plugins=[SafeCheckpointIO()],
     )
+    precision.check_device(trainer.strategy.root_device)  # before any data is read
     datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
     datamodule.setup()
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
@@ -282,9 +289,9 @@ def assemble(
     module = make_module(cfg, datamodule.schema)
     if init_weights and not resumed.ckpt_path:
         _, hparams, ckpt = read_checkpoint_hparams(init_weights)
-        _check_same_model(hparams, _plain(cfg.model), cfg.precision.name)
+        _check_same_model(hparams, _plain(cfg.model), precision)
         module.load_state_dict(ckpt["state_dict"])
-    return Assembled(trainer, datamodule, module, checkpoint, latest, outcome, memory)
+    return Assembled(trainer, datamodule, module, checkpoint, latest, outcome, memory, precision)
 
 
 def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
@@ -333,7 +340,7 @@ def finish(
         judged = evaluate_test(trainer, module, run.path, fitted.tested["test_loss"], cfg)
         summary["metrics"] |= judged.pop("metrics")
         summary |= judged
-        summary |= export_best(cfg, module, datamodule, fitted.tested, run)
+        summary |= export_best(cfg, parts.precision, module, datamodule, fitted.tested, run)
     summary["splits"] = datamodule.splits
     summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
     if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
@@ -392,19 +399,24 @@ def evaluate_test(
 
 
 def export_best(
-    cfg: DictConfig, module: TFTModule, datamodule: ParquetDataModule, tested: dict, run: RunDir
+    cfg: DictConfig,
+    precision: Precision,
+    module: TFTModule,
+    datamodule: ParquetDataModule,
+    tested: dict,
+    run: RunDir,
 ) -> dict[str, Any]:
-    """The best model, exported without pickle: safetensors (fp32), or int8 scored on the test
-    split beside the fake-quant model it came from."""
-    init = model_init(_plain(cfg.model), datamodule.schema)
-    schema = datamodule.schema.to_dict()
-    if cfg.precision.name == "int8":
-        batches = datamodule.test_dataloader(sharded=False)
-        path, quantiles = run.int8_export, module.quantiles
-        scored = export_and_score_int8(module.model, init, schema, batches, quantiles, path)
-        return {"export": str(path), "fp32_equivalent_test_loss": tested["test_loss"], **scored}
-    export_weights(module.model, init, run.fp32_export, schema)
-    return {"export": str(run.fp32_export)}
+    """The best model, exported without pickle by its precision: safetensors (fp32, bf16), or
+    int8 scored on the test split beside the fake-quant model it came from."""
+    return precision.export(
+        module.model,
+        init=model_init(_plain(cfg.model), datamodule.schema),
+        schema=datamodule.schema.to_dict(),
+        run=run,
+        test_batches=datamodule.test_dataloader(sharded=False),
+        quantiles=module.quantiles,
+        test_loss=tested["test_loss"],
+    )
 
 
 @torch.inference_mode()

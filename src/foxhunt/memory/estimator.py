@@ -25,6 +25,7 @@ from foxhunt.errors import ConfigError
 from foxhunt.memory.budget import MB, counting_suspended
 from foxhunt.memory.gallop import largest_fitting
 from foxhunt.memory.trace import StepMemory, StepPlan, run_step
+from foxhunt.precision import precision_of
 from foxhunt.training.module import build_model
 
 
@@ -98,16 +99,6 @@ def count_parameters(plan: StepPlan) -> int:
         return sum(p.numel() for p in model.parameters())
 
 
-def _precision_note(name: str) -> str:
-    return {
-        "fp32": "precision fp32",
-        "bf16": "precision bf16: traced under bfloat16 autocast; fp32 master weights, gradients "
-        "and optimizer state",
-        "int8": "precision int8: the quantization-aware training step, fp32 weights, gradients "
-        "and optimizer state plus fake-quant observers and activations",
-    }[name]
-
-
 def _batch_sizes(cfg: Any, batch_size: int | None, val_batch_size: int | None) -> tuple[int, int]:
     """The sizes to plan: as given, else data.batch_size and memory.val_batch_size (or the same)."""
     batch_size = batch_size or cfg.data.batch_size
@@ -126,7 +117,7 @@ def estimate(
     of one validation step at `val_batch_size`, for the composed Hydra config `cfg`."""
     plan = step_plan(cfg, schema, device)
     batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
-    notes = [_precision_note(plan.precision["name"])]
+    notes = [precision_of(plan.precision).memory_note(plan.device)]
     if plan.device == "cuda":
         notes.append(
             "cuda: allocator reserve and context are documented constants "

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from foxhunt.data.schema import DataSchema, random_batch
 from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory.budget import MB, counting_suspended
-from foxhunt.quantization.qat import bake_weight_fake_quant
+from foxhunt.precision import precision_of
 from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 
@@ -164,12 +164,9 @@ def run_step(
             stack.enter_context(FakeTensorMode())
             if plan.device == "cuda":  # generic LSTM: keeps its gates, as cuDNN does
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+        precision = precision_of(plan.precision)
         model = build_model(plan.model, plan.schema, plan.precision, traced=fake)
-        if not train and plan.precision["name"] == "int8":
-            # MemTracker cannot follow a parametrized weight under no_grad: validate with the
-            # fake-quantized weights computed once (their per-forward copies, one weight at a
-            # time, are not counted)
-            bake_weight_fake_quant(model)
+        precision.trace_model(model, train)
         model.gradient_checkpointing = plan.checkpointing
         if device != "cpu":
             model.to(device)
@@ -186,8 +183,7 @@ def run_step(
         stack.enter_context(tracker)
         if onednn:
             stack.enter_context(_OneDnnWorkspace())
-        if plan.precision["name"] == "bf16":  # Lightning's bf16-mixed: autocast to bfloat16
-            stack.enter_context(torch.autocast(torch.device(device).type, torch.bfloat16))
+        stack.enter_context(precision.autocast(torch.device(device).type))  # bf16: bf16-mixed
         model.train(train)
         if train:
             train_step(model, optimizer, batch, quantiles, clip=plan.clip)

@@ -8,6 +8,7 @@ variable selection networks evaluate all per-variable GRNs at once with stacked 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import torch
@@ -240,6 +241,13 @@ class TemporalFusionTransformer(nn.Module):
         }
 
     def _lstm(self, encoder_input: Tensor, decoder_input: Tensor, h0: Tensor, c0: Tensor):  # noqa: ANN202
+        if lstm_leaves_autocast(encoder_input):
+            with torch.autocast("cpu", enabled=False):
+                inputs = (encoder_input, decoder_input, h0, c0)
+                return self._lstms(*(t.float() for t in inputs))
+        return self._lstms(encoder_input, decoder_input, h0, c0)
+
+    def _lstms(self, encoder_input: Tensor, decoder_input: Tensor, h0: Tensor, c0: Tensor):  # noqa: ANN202
         # cuDNN wants contiguous initial states, and expand() alone gives a stride-0 view.
         state = (
             h0.expand(self.lstm_layers, -1, -1).contiguous(),
@@ -298,3 +306,33 @@ class TemporalFusionTransformer(nn.Module):
                 f"decoder_known must be [B, {self.prediction_length}, {self.num_known}], "
                 f"got {tuple(decoder_known.shape)}"
             )
+
+
+@cache
+def _onednn_has_bf16() -> bool:
+    # oneDNN's bfloat16 needs AVX-512 (avx512_core) or AVX2-VNNI-2; ONEDNN_MAX_CPU_ISA may lower
+    # what it uses
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_lstms_need_float32() -> bool:
+    """Whether CPU LSTMs must run in float32 under bfloat16 autocast: it casts oneDNN's LSTM
+    to bfloat16, which oneDNN cannot build on a CPU without AVX-512 ("could not create a
+    primitive descriptor for the LSTM forward propagation primitive")."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and not _onednn_has_bf16()
+    )
+
+
+def lstm_leaves_autocast(x: Tensor) -> bool:
+    """Whether the LSTMs on input `x` run in float32 outside the autocast that is on (CPU
+    bfloat16 autocast where `cpu_lstms_need_float32`); elsewhere (CUDA, a CPU with bfloat16)
+    they run as autocast has them."""
+    return (
+        x.device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        and cpu_lstms_need_float32()
+    )

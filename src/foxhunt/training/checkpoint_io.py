@@ -14,11 +14,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from foxhunt.errors import CheckpointError
-from foxhunt.files import load_file, read_export, write_atomic, write_export
-from foxhunt.models import TemporalFusionTransformer
+from foxhunt.files import load_file, write_atomic
 from foxhunt.training.module import TFTModule
-
-FP32_FORMAT = "foxhunt-fp32"  # the `format` in a float32 export's metadata
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -60,21 +57,3 @@ def load_module(ckpt: dict[str, Any], **model_changes: Any) -> TFTModule:
     module = TFTModule(**hparams)
     module.load_state_dict(ckpt["state_dict"])
     return module.eval()
-
-
-def export_weights(model: TemporalFusionTransformer, init: dict, path: Path, schema: dict) -> int:
-    """The float32 model as a safetensors file (its state dict) with the constructor arguments
-    and the data schema as JSON metadata: what `foxhunt.load` and any safetensors reader need.
-    Returns its size in bytes."""
-    meta = {"format": FP32_FORMAT, "init": init, "schema": schema}
-    return write_export(path, model.state_dict(), meta)
-
-
-def load_weights(path: str | Path) -> tuple[TemporalFusionTransformer, dict[str, Any]]:
-    """(the float32 model in eval mode, the export's metadata) of `export_weights`' file."""
-    tensors, meta = read_export(path)
-    if meta.get("format") != FP32_FORMAT:
-        raise CheckpointError(f"{path} is not a float32 export (format {meta.get('format')!r})")
-    model = TemporalFusionTransformer(**meta["init"])
-    model.load_state_dict(tensors)
-    return model.eval(), meta

@@ -19,7 +19,7 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.schema import DataSchema
 from foxhunt.models import TemporalFusionTransformer
-from foxhunt.quantization import prepare_qat
+from foxhunt.precision import precision_of
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
 from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validation_forward
 
@@ -92,12 +92,10 @@ def build_model(
     traced: bool = False,
 ) -> TemporalFusionTransformer:
     """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`, prepared for
-    quantization-aware training when `precision` is int8 (`traced`: for a FakeTensorMode
+    training in `precision` (quantization-aware for int8; `traced`: for a FakeTensorMode
     memory trace)."""
     tft = TemporalFusionTransformer(**model_init(model, schema))
-    if precision and precision.get("name") == "int8":
-        prepare_qat(tft, traced, precision.get("backend", "torch.ao"))
-    return tft
+    return precision_of(precision).prepare_model(tft, traced)
 
 
 def _numpy_state(state: tuple) -> tuple:

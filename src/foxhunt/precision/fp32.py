@@ -1,0 +1,55 @@
+"""precision=fp32, and the float32 export (a safetensors state dict) that bf16 writes too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foxhunt.errors import CheckpointError
+from foxhunt.files import read_export, write_export
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.precision.base import Precision
+from foxhunt.run.dir import RunDir
+
+FP32_FORMAT = "foxhunt-fp32"  # the `format` in a float32 export's metadata
+
+
+class FP32(Precision):
+    name = "fp32"
+
+    def export(
+        self,
+        model: TemporalFusionTransformer,
+        init: dict[str, Any],
+        schema: dict[str, Any],
+        run: RunDir,
+        test_batches: Iterable[dict[str, torch.Tensor]],
+        quantiles: torch.Tensor,
+        test_loss: float,
+    ) -> dict[str, Any]:
+        export_weights(model, init, run.fp32_export, schema)
+        return {"export": str(run.fp32_export)}
+
+
+def export_weights(model: TemporalFusionTransformer, init: dict, path: Path, schema: dict) -> int:
+    """The float32 model as a safetensors file (its state dict) with the constructor arguments
+    and the data schema as JSON metadata: what `foxhunt.load` and any safetensors reader need.
+    Returns its size in bytes."""
+    meta = {"format": FP32_FORMAT, "init": init, "schema": schema}
+    return write_export(path, model.state_dict(), meta)
+
+
+def load_weights(path: str | Path) -> tuple[TemporalFusionTransformer, dict[str, Any]]:
+    """(the float32 model in eval mode, the export's metadata) of `export_weights`' file."""
+    tensors, meta = read_export(path)
+    if meta.get("format") != FP32_FORMAT:
+        raise CheckpointError(f"{path} is not a float32 export (format {meta.get('format')!r})")
+    model = TemporalFusionTransformer(**meta["init"])
+    model.load_state_dict(tensors)
+    return model.eval(), meta
+
+
+PRECISION = FP32

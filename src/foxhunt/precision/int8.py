@@ -1,0 +1,86 @@
+"""precision=int8: quantization-aware training (fake-quantized weights and activations, fp32
+master weights), then the int8 export, scored on the test split beside the fake-quant model."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from foxhunt.errors import ConfigError
+from foxhunt.models import TemporalFusionTransformer
+from foxhunt.precision.base import Precision
+from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.quantization.qat import bake_weight_fake_quant, prepare_qat, set_qat_phase
+from foxhunt.quantization.score import export_and_score_int8
+from foxhunt.run.dir import RunDir
+
+
+class Int8(Precision):
+    name = "int8"
+    family = "int8"
+    predicts_as = "int8"
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.backend: str = self.settings.get("backend", "torch.ao")
+        self.qat_start_epoch: int = self.settings.get("qat_start_epoch", 0)
+        self.observer_epochs: int = self.settings.get("observer_epochs", 1)
+        if self.backend == "torchao" and importlib.util.find_spec("torchao") is None:
+            raise ConfigError("precision.backend=torchao needs torchao: pip install torchao")
+        if self.qat_start_epoch < 0:
+            raise ConfigError(f"precision.qat_start_epoch must be >= 0, got {self.qat_start_epoch}")
+        if self.observer_epochs < 1:
+            raise ConfigError(f"precision.observer_epochs must be >= 1, got {self.observer_epochs}")
+
+    def callbacks(self) -> list[L.Callback]:
+        return [QATSchedule(self.qat_start_epoch, self.observer_epochs)]
+
+    def prepare_model(
+        self, model: TemporalFusionTransformer, traced: bool = False
+    ) -> TemporalFusionTransformer:
+        return prepare_qat(model, traced, self.backend)
+
+    def for_inference(self, model: TemporalFusionTransformer) -> TemporalFusionTransformer:
+        set_qat_phase(model, observe=False, fake_quant=True)  # the fake-quant model
+        return model
+
+    def trace_model(self, model: TemporalFusionTransformer, train: bool) -> None:
+        if not train:
+            # MemTracker cannot follow a parametrized weight under no_grad: validate with the
+            # fake-quantized weights computed once (their per-forward copies, one weight at a
+            # time, are not counted)
+            bake_weight_fake_quant(model)
+
+    def memory_note(self, device: str) -> str:
+        return (
+            "precision int8: the quantization-aware training step, fp32 weights, gradients and "
+            "optimizer state plus fake-quant observers and activations"
+        )
+
+    def onnx_refusal(self, source: Path) -> str | None:
+        return (
+            f"{source} is an int8 quantization-aware checkpoint: export the int8 export its "
+            f"run wrote beside it instead (ckpt_path={source.parent / 'model_int8.safetensors'})"
+        )
+
+    def export(
+        self,
+        model: TemporalFusionTransformer,
+        init: dict[str, Any],
+        schema: dict[str, Any],
+        run: RunDir,
+        test_batches: Iterable[dict[str, torch.Tensor]],
+        quantiles: torch.Tensor,
+        test_loss: float,
+    ) -> dict[str, Any]:
+        path = run.int8_export
+        scored = export_and_score_int8(model, init, schema, test_batches, quantiles, path)
+        return {"export": str(path), "fp32_equivalent_test_loss": test_loss, **scored}
+
+
+PRECISION = Int8

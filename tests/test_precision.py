@@ -1,0 +1,68 @@
+"""The precisions as objects: each chosen from its config group or a checkpoint's
+hyperparameters, each its own module and YAML file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foxhunt.app.train import _check_same_model
+from foxhunt.config import PrecisionName
+from foxhunt.errors import CheckpointError, ConfigError
+from foxhunt.precision import precision_of
+from foxhunt.quantization.callbacks import QATSchedule
+from tests.helpers import ROOT, compose_train
+
+
+def test_every_precision_name_has_its_module_and_yaml():
+    yaml = {p.stem for p in (ROOT / "conf" / "precision").glob("*.yaml")}
+    assert {str(n) for n in PrecisionName} == yaml
+    for name in yaml:
+        cfg = compose_train(f"precision={name}")
+        precision = precision_of(cfg)
+        assert precision.name == name
+        assert precision.trainer_precision == cfg.precision.trainer_precision
+
+
+def test_chosen_from_a_group_a_config_or_a_checkpoints_hyperparameters():
+    cfg = compose_train("precision=int8", "precision.qat_start_epoch=2")
+    for source in (cfg, cfg.precision, {"precision": {"name": "int8", "qat_start_epoch": 2}}):
+        int8 = precision_of(source)
+        assert (int8.name, int8.qat_start_epoch, int8.observer_epochs) == ("int8", 2, 1)
+        assert [type(c) for c in int8.callbacks()] == [QATSchedule]
+    # checkpoints before precisions: precision None, or none at all
+    for hparams in ({"model": {}, "precision": None}, {"model": {}}, None):
+        assert precision_of(hparams).name == "fp32"
+    with pytest.raises(CheckpointError, match="unknown precision 'fp8'"):
+        precision_of({"name": "fp8"})
+
+
+def test_families_predictions_and_trainer_flags():
+    fp32, bf16, int8 = (precision_of({"name": n}) for n in ("fp32", "bf16", "int8"))
+    assert fp32.same_family(bf16) and not bf16.same_family(int8) and int8.same_family(int8)
+    assert [p.predicts_as for p in (fp32, bf16, int8)] == ["fp32", "fp32", "int8"]
+    assert bf16.autocast("cpu").fast_dtype == torch.bfloat16
+    assert fp32.callbacks() == bf16.callbacks() == []
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("precision.qat_start_epoch=-1", "precision.qat_start_epoch must be >= 0"),
+        ("precision.observer_epochs=0", "precision.observer_epochs must be >= 1"),
+    ],
+)
+def test_int8_settings_are_checked_when_chosen(override, message):
+    with pytest.raises(ConfigError, match=message):
+        precision_of(compose_train("precision=int8", override))
+
+
+def test_a_checkpoint_resumes_only_into_its_precision_family():
+    model = {"hidden_dim": 16}
+    fp32, int8 = precision_of({"name": "fp32"}), precision_of({"name": "int8"})
+    _check_same_model({"model": model, "precision": {"name": "bf16"}}, model, fp32)
+    _check_same_model({"model": model, "precision": None}, model, fp32)  # before precisions
+    with pytest.raises(ConfigError, match="trained with precision=int8, not precision=fp32"):
+        _check_same_model({"model": model, "precision": {"name": "int8"}}, model, fp32)
+    with pytest.raises(ConfigError, match="trained with precision=fp32, not precision=int8"):
+        _check_same_model({"model": model}, model, int8)
