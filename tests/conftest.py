@@ -31,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # workspace with trainer.deterministic=true (put back after each test, not a leak of ours)
 LIGHTNING_ENV = {"PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG"}
 PYTEST_ENV = {"PYTEST_CURRENT_TEST"}  # pytest's own, of the test running
+TORCH_ENV = {"_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}  # torch.compile's, for its process
 
 
 def _process_state() -> dict[str, object]:
@@ -59,7 +60,7 @@ def no_leaks() -> Iterator[None]:
     changed = {
         k for k in env_before.keys() | env_after.keys() if env_before.get(k) != env_after.get(k)
     }
-    leaks = sorted(changed - LIGHTNING_ENV - PYTEST_ENV)
+    leaks = sorted(changed - LIGHTNING_ENV - PYTEST_ENV - TORCH_ENV)
     leaks += [k for k in before if k != "environment" and before[k] != after[k]]
     os.environ.clear()
     os.environ.update(env_before)

@@ -1,9 +1,11 @@
 """Imports run one way: data and models at the bottom, training above them, the memory plug-in
-above training, the application layer on top; no cycle between packages or modules."""
+above training, the commands on top and the entry points above them; no cycle between packages
+or modules. The README's architecture table is this module's LAYERS."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from graphlib import CycleError, TopologicalSorter
 
@@ -14,16 +16,17 @@ SRC = ROOT / "src"
 # named by its packages (foxhunt.data, ...) or modules (foxhunt.app.cli, ...); "" is the
 # foxhunt package itself (foxhunt.load)
 LAYERS = [
-    ("the bottom", {"errors", "files", "config", "threads", "run"}),
+    ("bottom", {"errors", "files", "config", "threads", "run"}),
     ("data and models", {"data", "models"}),
-    ("evaluation: pure functions over forecasts", {"evaluation"}),
+    ("evaluation", {"evaluation"}),  # pure functions over forecasts
     ("quantization", {"quantization"}),
-    ("the precisions: fp32, bf16, int8 as objects", {"precision"}),
+    ("precision", {"precision"}),
     ("training", {"training"}),
-    ("the memory plug-in", {"memory"}),
+    ("memory", {"memory"}),
     (
-        "the app: the commands",
+        "commands",
         {
+            "app",
             "app.train",
             "app.predict",
             "app.inference",
@@ -32,10 +35,9 @@ LAYERS = [
             "app.sweep",
             "app.export",
             "app.backtest",
-            "app",
         },
     ),
-    ("the entry points: what scripts/*.py call", {"app.cli", "app.predict_cli", ""}),
+    ("entry points", {"app.cli", "app.predict_cli", ""}),  # what scripts/*.py call
 ]
 LAYER = {name: n for n, (_, names) in enumerate(LAYERS) for name in names}
 
@@ -95,3 +97,18 @@ def test_no_cycle_between_modules_or_packages():
             TopologicalSorter(g).prepare()
         except CycleError as exc:
             raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+
+
+def _file(name: str) -> str:
+    """A layer entry as the README names it: `data/` (a package), `errors.py`, `app/cli.py`."""
+    path = SRC / "foxhunt" / name.replace(".", "/")
+    if not name or name == "app":
+        return f"{name}/__init__.py".lstrip("/")
+    return f"{name.replace('.', '/')}/" if path.is_dir() else f"{name.replace('.', '/')}.py"
+
+
+def test_the_readme_architecture_table_is_these_layers():
+    text = (ROOT / "README.md").read_text().split("## Architecture", 1)[1]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| ")][1:]
+    table = [(layer.strip(), set(re.findall(r"`([^`]+)`", files))) for layer, files in rows]
+    assert table == [(layer, {_file(n) for n in names}) for layer, names in LAYERS]

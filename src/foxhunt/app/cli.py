@@ -110,11 +110,10 @@ def _one_line(exc: Exception) -> str:
     return f"{head}: {str(cause).splitlines()[0]} (full_key: {cause.full_key})"
 
 
-def _jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
+def _jobs(overrides: list[str]) -> list[list[str]]:
     """The override lists of the jobs a command line makes: one, or a sweep's combinations
-    (sweeps a sweeper expands itself, such as Optuna's intervals, left to it)."""
-    if not multirun:
-        return [overrides]
+    (with -m, or a config that sets hydra.mode=MULTIRUN; sweeps a sweeper expands itself, such
+    as Optuna's intervals, are left to it)."""
     choices = []
     for o in OverridesParser.create().parse_overrides(overrides):
         if not o.is_sweep_override():
@@ -138,7 +137,7 @@ def check_composes(conf: Path, config_name: str, argv: list[str]) -> None:
     overrides = [a for a in argv if not a.startswith("-")]
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         try:
-            for job in _jobs(overrides, bool(flags)):
+            for job in _jobs(overrides):
                 compose(config_name, job, return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as exc:
             raise ConfigError(_one_line(exc)) from None

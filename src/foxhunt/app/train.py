@@ -79,7 +79,7 @@ SUMMARY_METRICS = tuple(m.value for m in Metric)
 
 
 @contextmanager
-def _one_line(what: str) -> Iterator[None]:
+def _as_config_error(what: str) -> Iterator[None]:
     """An object of the config that cannot be built (a wrong argument or value, or one its
     class refuses) as one ConfigError line, before any data is read."""
     try:
@@ -96,7 +96,7 @@ def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Lo
     if resumed_in_place:
         earlier = run_dir.glob(f"{logger.get('name', '')}/resume-*")
         version = f"resume-{len(list(earlier)) + 1}"
-    with _one_line("logger"):
+    with _as_config_error("logger"):
         return instantiate(logger, save_dir=str(run_dir), version=version)
 
 
@@ -107,7 +107,7 @@ def make_callbacks(callbacks: DictConfig, checkpoint_dir: Path) -> list[L.Callba
     for node in callbacks.values():
         if not (OmegaConf.is_dict(node) and "_target_" in node):
             continue  # the group's own settings (monitor, save_top_k, ...)
-        with _one_line("callbacks"):
+        with _as_config_error("callbacks"):
             callback = instantiate(node, _convert_="all")
         if callback is None:
             continue
@@ -442,7 +442,7 @@ def make_trainer(trainer: DictConfig, **set_by_foxhunt: Any) -> L.Trainer:
     """The trainer group's `lightning.Trainer`, built by Hydra, with the arguments foxhunt
     sets itself (precision, logger, callbacks, plugins, the run directory); a value Lightning
     refuses is one ConfigError line."""
-    with _one_line("trainer"):
+    with _as_config_error("trainer"):
         build: Callable[..., L.Trainer] = instantiate(trainer, _partial_=True, _convert_="all")
         # the module's step clips to gradient_clip_val itself (Lightning refuses clipping with
         # manual optimization)
