@@ -65,6 +65,7 @@ def test_optuna_search_finds_best_params(tmp_path, table_path):
         "model.num_heads=choice(2,4)",
         f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
+        own_process=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
@@ -91,6 +92,7 @@ def test_joblib_runs_the_sweep_in_worker_processes(tmp_path, table_path):
         "model.num_heads=4",
         f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
+        own_process=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr

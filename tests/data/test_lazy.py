@@ -18,6 +18,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import CONSTANT
 from foxhunt.data.splits import Moments, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.evaluation.controls import make_control
 from tests.helpers import (
     FIVE_MIN,
     T0,
@@ -369,3 +370,16 @@ def test_futures_lazy_match_eager(tmp_path, layout):
     assert_same(eager, lazy_dm)
     reused = setup(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
     assert reused.rolls == eager.rolls  # from the store's meta.json, not read again
+
+
+def test_a_positive_controls_panel_gives_the_same_windows_lazily(tmp_path):
+    # what the model is trained on in the lazy path, the planted column among it, equals the
+    # in-memory path's: the control's training (tests/evaluation) holds for both
+    control = make_control("observed", tmp_path, instruments=6, bars=600)
+    cfg = compose_train(*control.overrides, f"data.cache_dir={tmp_path / 'cache'}").data
+    eager_dm = setup(cfg)
+    lazy_cfg = cfg.copy()
+    lazy_cfg.lazy = True
+    lazy_dm = setup(lazy_cfg)
+    assert lazy_dm.store_path is not None and "signal" in eager_dm.schema.observed
+    assert_same(eager_dm, lazy_dm)

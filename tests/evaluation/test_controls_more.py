@@ -1,5 +1,7 @@
 """The other positive controls, in a file of their own so that two test workers share them
-(pytest-xdist runs a file's tests on one worker): see test_controls.py."""
+(pytest-xdist runs a file's tests on one worker): see test_controls.py. The lazy path gives the
+in-memory path's windows on a control's panel (tests/data/test_lazy.py), so it needs no
+training of its own to find the signal."""
 
 from __future__ import annotations
 
@@ -12,10 +14,3 @@ from tests.helpers import check_control
 @pytest.mark.parametrize("name", ["static", "ar1"])
 def test_the_default_recipe_finds_what_is_planted_too(tmp_path, name):
     check_control(tmp_path, name)
-
-
-@pytest.mark.slow
-def test_the_lazy_path_finds_it_too(tmp_path):
-    # the planted column on the disk-backed window store (its windows equal the in-memory
-    # path's: tests/data/test_fuzz.py); the signal must survive that path as well
-    check_control(tmp_path, "observed", lazy=True)

@@ -133,6 +133,7 @@ def test_an_oom_in_one_process_backs_off_both(tmp_path, table_path, monkeypatch)
             "trainer.limit_test_batches=2",
         ),
         cwd=tmp_path,
+        own_process=True,
         script=PROBE,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -173,6 +174,7 @@ def test_batch_size_search_takes_what_fits_in_every_process(tmp_path, table_path
             "trainer.limit_test_batches=2",
         ),
         cwd=tmp_path,
+        own_process=True,
         script=PROBE,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -188,7 +190,9 @@ def test_batch_size_search_takes_what_fits_in_every_process(tmp_path, table_path
 
 @pytest.mark.slow
 def test_ddp_in_a_multirun_is_refused_with_what_to_do(tmp_path, table_path):
-    result = run_cli("-m", *tiny_overrides(table_path, *DDP, "seed=1,2"), cwd=tmp_path)
+    result = run_cli(
+        "-m", *tiny_overrides(table_path, *DDP, "seed=1,2"), cwd=tmp_path, own_process=True
+    )
     assert "cannot run inside a Hydra multirun (-m)" in result.stderr
     assert "run each combination as its own command" in result.stderr
     statuses = list((tmp_path / "multirun").glob("*/*/*/status.json"))
