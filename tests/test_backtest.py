@@ -357,6 +357,7 @@ def test_folds_run_as_parallel_jobs_and_are_pooled_at_the_end(tmp_path, table_pa
         f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
         script="backtest.py",
+        own_process=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((sweep_dir / "backtest_summary.json").read_text())

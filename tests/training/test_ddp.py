@@ -57,7 +57,10 @@ def test_two_processes_shard_sync_and_match_one_at_the_same_global_batch(tmp_pat
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     result = run_cli(
-        *tiny_overrides(table_path, *COMMON, *DDP, "data.batch_size=8"), cwd=cwd, script=PROBE
+        *tiny_overrides(table_path, *COMMON, *DDP, "data.batch_size=8"),
+        cwd=cwd,
+        script=PROBE,
+        own_process=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -103,6 +106,7 @@ def test_two_processes_shard_sync_and_match_one_at_the_same_global_batch(tmp_pat
         "trainer.max_epochs=2",
         "resume=auto",
         cwd=cwd,
+        own_process=True,
         script=PROBE,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -71,9 +71,6 @@ from foxhunt.training.module import (
 from foxhunt.training.step import validation_forward
 
 log = logging.getLogger(__name__)
-# a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module records how far
-# the epoch got (ParquetDataModule.state_dict), which Lightning's warning does not know
-warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
 SUMMARY_METRICS = tuple(m.value for m in Metric)
 
@@ -254,25 +251,8 @@ def assemble(
 ) -> Assembled:
     """The callbacks and Trainer (before the data is read: a wrong Trainer argument is one
     line at the start), then the data and the LightningModule."""
-    configured = make_callbacks(cfg.callbacks, run.checkpoints)
-    checkpoint = next((c for c in configured if isinstance(c, BestCheckpoint)), None)
-    if checkpoint is None:
-        raise ConfigError(
-            "callbacks needs a foxhunt.training.checkpointing.BestCheckpoint (as in "
-            "callbacks=default): the run tests and exports its best checkpoint"
-        )
-    latest, outcome = (
-        LatestCheckpoint(run.checkpoints),
-        TrainingOutcome(cfg.callbacks.get("monitor", "val_loss")),
-    )
-    memory = memory_callbacks(cfg)
-    if cfg.memory.batch_size_search.enabled:
-        memory.insert(0, BatchSizeSearch(cfg))
-    interrupt = GracefulInterrupt(run.checkpoints)
-    callbacks = [*memory, interrupt, *configured, latest, outcome, *extra_callbacks]
-    # intra-op threads: the CPUs other processes leave free, unless the run must be exact
-    callbacks.append(ShareCpus(fixed=bool(cfg.trainer.get("deterministic"))))
-    callbacks += precision.callbacks()  # int8: when QAT observes and fakes quantization
+    callbacks, (checkpoint, latest, outcome, memory) = run_callbacks(cfg, run, precision)
+    callbacks += extra_callbacks
     trainer = make_trainer(
         cfg.trainer,
         precision=precision.trainer_precision,
@@ -292,6 +272,31 @@ def assemble(
         _check_same_model(hparams, _plain(cfg.model), precision)
         module.load_state_dict(ckpt["state_dict"])
     return Assembled(trainer, datamodule, module, checkpoint, latest, outcome, memory, precision)
+
+
+def run_callbacks(
+    cfg: DictConfig, run: RunDir, precision: Precision
+) -> tuple[list[L.Callback], tuple[BestCheckpoint, LatestCheckpoint, TrainingOutcome, list]]:
+    """Every callback of a run, in order; and the ones whose results the run reads after fit
+    (the best and latest checkpoints, how training ended, the memory policy's)."""
+    configured = make_callbacks(cfg.callbacks, run.checkpoints)
+    checkpoint = next((c for c in configured if isinstance(c, BestCheckpoint)), None)
+    if checkpoint is None:
+        raise ConfigError(
+            "callbacks needs a foxhunt.training.checkpointing.BestCheckpoint (as in "
+            "callbacks=default): the run tests and exports its best checkpoint"
+        )
+    latest = LatestCheckpoint(run.checkpoints)
+    outcome = TrainingOutcome(cfg.callbacks.get("monitor", "val_loss"))
+    memory = memory_callbacks(cfg)
+    if cfg.memory.batch_size_search.enabled:
+        memory.insert(0, BatchSizeSearch(cfg))
+    interrupt = GracefulInterrupt(run.checkpoints)
+    callbacks = [*memory, interrupt, *configured, latest, outcome]
+    # intra-op threads: the CPUs other processes leave free, unless the run must be exact
+    callbacks.append(ShareCpus(fixed=bool(cfg.trainer.get("deterministic"))))
+    callbacks += precision.callbacks()  # int8: when QAT observes and fakes quantization
+    return callbacks, (checkpoint, latest, outcome, memory)
 
 
 def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
@@ -321,7 +326,11 @@ def fit_and_test(cfg: DictConfig, parts: Assembled, ckpt_path: Path | None) -> F
         device_budget(device, budget_mb, track=held, cuda_context_mb=context_mb),
         _oom_is_a_user_error(cfg),
     ):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        with warnings.catch_warnings():
+            # a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module
+            # records how far the epoch got (its state_dict), which Lightning's warning ignores
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that")
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last = parts.checkpoint.best_model_path, parts.latest.best_model_path
         best_score, ended = parts.checkpoint.best_model_score, parts.outcome.outcome(trainer)

@@ -29,11 +29,11 @@ from foxhunt.run import resume
 from foxhunt.run.dir import RunDir
 
 LOCK_NAME = ".foxhunt.lock"
-_held: list[FileLock] = []  # kept for the life of the process
 
 
-def lock(run_dir: Path) -> None:
-    """Hold `run_dir`'s lock for the rest of this process; FoxhuntError if another has it."""
+def lock(run_dir: Path) -> FileLock:
+    """`run_dir`'s lock, held (until released, or the process ends however it ends);
+    FoxhuntError if another run has it."""
     held = FileLock(run_dir / LOCK_NAME)
     try:
         held.acquire(timeout=0)
@@ -42,20 +42,23 @@ def lock(run_dir: Path) -> None:
             f"run directory {run_dir} is in use by another foxhunt run (it holds "
             f"{LOCK_NAME}); wait for it to end or give another hydra.run.dir"
         ) from None
-    _held.append(held)
+    return held
 
 
-def claim(run_dir: Path, continues: bool, resumable: str) -> None:
-    """Check `run_dir` is writable, lock it, and refuse it if it holds another run's results."""
+def claim(run_dir: Path, continues: bool, resumable: str) -> FileLock:
+    """Check `run_dir` is writable, lock it, and refuse it if it holds another run's results;
+    the lock, held."""
     check_writable(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra would next
-    lock(run_dir)
+    held = lock(run_dir)
     found = RunDir(run_dir).holds_results()
     if found and not continues:
+        held.release()
         raise FoxhuntError(
             f"{run_dir} already holds a run's results ({', '.join(found[:3])}); nothing was "
             f"written: {resumable}, or give another directory"
         )
+    return held
 
 
 def _other_process() -> bool:
@@ -69,21 +72,35 @@ class RunDirectoryGuard(Callback):
 
     def __init__(self, results: bool = True) -> None:
         self.results = results
+        # this run's lock: released when the run ends (a process that runs several commands
+        # runs each in turn), or with the process
+        self.held: FileLock | None = None
 
     def _guard(self, check: Any) -> None:
         if _other_process():
             return
         try:
-            check()
+            self.held = check()
         except FoxhuntError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
+
+    def _release(self, **kwargs: Any) -> None:
+        if self.held is not None:
+            self.held.release()
+            self.held = None
+
+    on_run_end = on_multirun_end = _release
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a launcher's workers (joblib) get the callbacks too: the lock stays with this process
+        return {**self.__dict__, "held": None}
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # resolving hydra.run.dir here fixes it (Hydra caches ${now:...}) for run_job after
         run_dir = Path(config.hydra.run.dir).resolve()
         if not self.results:
-            return self._guard(lambda: check_writable(run_dir))
+            return self._guard(lambda: check_writable(run_dir))  # no lock
         continues = resume.continues(config, RunDir(run_dir))
         hint = "continue it with resume=auto or ckpt_path=<one of its checkpoints>"
         self._guard(lambda: claim(run_dir, continues, hint))
