@@ -76,6 +76,20 @@ def no_leaks() -> Iterator[None]:
     assert not leaks, f"the test changed process-wide state: {leaks}"
 
 
+def _checkout_outputs() -> set[Path]:
+    root = Path(__file__).resolve().parents[1]
+    return {p for d in ("outputs", "multirun") for p in (root / d).glob("*/*/*")}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def writes_only_under_tmp() -> Iterator[None]:
+    """No test writes a run into the checkout's outputs/ or multirun/ (only under tmp paths)."""
+    before = _checkout_outputs()
+    yield
+    new = sorted(map(str, _checkout_outputs() - before))
+    assert not new, f"tests wrote runs into the checkout: {new[:5]}"
+
+
 @pytest.fixture
 def table_path(tmp_path: Path) -> Path:
     return write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 200}))

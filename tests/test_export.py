@@ -120,7 +120,10 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     for k in ("y", "f1", "f2"):
         tail[k] = np.where(future, np.nan, tail[k])
     code, stdout, stderr = run_script(
-        "export.py", f"ckpt_path={ckpt}", f"export.out={root / 'onnx'}"
+        "export.py",
+        f"ckpt_path={ckpt}",
+        f"export.out={root / 'onnx'}",
+        f"hydra.run.dir={root / 'export_run'}",
     )
     assert code == 0, stderr
     return SimpleNamespace(
@@ -419,7 +422,10 @@ def test_a_model_that_cannot_export_names_the_op(plain, tmp_path, monkeypatch):
         TemporalFusionTransformer, "forward", lambda self, x: _opaque(forward(self, x))
     )
     code, _, stderr = run_script(
-        "export.py", f"ckpt_path={plain.ckpt}", f"export.out={tmp_path / 'out'}"
+        "export.py",
+        f"ckpt_path={plain.ckpt}",
+        f"export.out={tmp_path / 'out'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert "op foxhunt_test.opaque.default has no ONNX translation" in stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
@@ -319,6 +320,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.slow  # 500 examples, about 10 s
 @FUZZ
 @given(cases())
 def test_any_parquet_loads_finite_or_fails_in_one_line(case):

@@ -46,6 +46,7 @@ def test_a_cuda_budget_leaves_room_for_the_context():
     assert cuda_fraction(500 * MB, 800 * MB, 140 * gib) == 0.0
 
 
+@pytest.mark.slow  # real trial steps at every size, about 9 s
 def test_search_finds_the_largest_batch_under_the_budget(tmp_path, table_path):
     n = 32
     # a budget that fits batch n (and its 1 MB margin), not 2n

@@ -109,7 +109,11 @@ class _StepPeaks(L.Callback):
     "model",
     [
         pytest.param((), id="tft_small"),
-        pytest.param(("model=tft_base", "data.ohlcv.num_features=225"), id="tft_base-225"),
+        pytest.param(
+            ("model=tft_base", "data.ohlcv.num_features=225"),
+            id="tft_base-225",
+            marks=pytest.mark.slow,  # the seed size: about 10 s
+        ),
     ],
 )
 def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model):
@@ -173,6 +177,7 @@ def test_monotone_in_batch_size(es_sample):
     assert estimates[-1].train.total > 4 * estimates[0].train.total
 
 
+@pytest.mark.slow  # a bisection of estimates, about 10 s
 def test_max_batch_size_is_the_largest_that_fits(es_sample):
     cfg = small(es_sample)
     budget = estimate(cfg, 40, device="cpu").train.total / MB + 0.01

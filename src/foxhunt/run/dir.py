@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+LAST_CKPT = "last.ckpt"  # the latest checkpoint's name (training.checkpointing writes it)
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -28,7 +30,7 @@ class RunDir:
     @property
     def last_ckpt(self) -> Path:
         """The latest checkpoint: what an interrupted run resumes from."""
-        return self.checkpoints / "last.ckpt"
+        return self.checkpoints / LAST_CKPT
 
     @property
     def fp32_export(self) -> Path:

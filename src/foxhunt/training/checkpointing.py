@@ -23,6 +23,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+from foxhunt.run.dir import LAST_CKPT
+
 log = logging.getLogger(__name__)
 
 
@@ -74,7 +76,7 @@ class GracefulInterrupt(L.Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
         if not requested:
             return
-        path = self.dirpath / "last.ckpt"  # replaced atomically (SafeCheckpointIO)
+        path = self.dirpath / LAST_CKPT  # replaced atomically (SafeCheckpointIO)
         trainer.save_checkpoint(path)
         raise Interrupted(self.signum, path, trainer.current_epoch, idx)
 
