@@ -234,6 +234,10 @@ def run_cli(
     """scripts/<script> with `args`, run from `cwd`: in this process (`run_script`), or
     `own_process` (what DDP and joblib's launcher need: they start processes of their own)."""
     if not own_process:
+        if not any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args):
+            # Hydra's default run directory is named by the second: two commands started in
+            # the same second (in-process they can be) would share one
+            time.sleep(1 - time.time() % 1)
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(cwd)
             code, out, err = run_script(script, *args)

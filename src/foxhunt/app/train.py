@@ -52,7 +52,7 @@ from foxhunt.memory.callbacks import (
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
-from foxhunt.run.resume import resume_source
+from foxhunt.run.resume import pinned_resume, resume_source
 from foxhunt.threads import ShareCpus
 from foxhunt.training.checkpoint_io import SafeCheckpointIO, read_checkpoint_hparams
 from foxhunt.training.checkpointing import (
@@ -492,12 +492,7 @@ def _before_other_processes(cfg: DictConfig, trainer: L.Trainer, ckpt_path: Path
             "re-run the whole sweep; run each combination as its own command"
         )
     if cfg.resume is not None:
-        # the re-run processes continue from the checkpoint this one resolved (resume=auto
-        # looks for the newest run, which may change meanwhile); ckpt_path and resume do not
-        # identify the experiment, so the re-run command stays the same experiment
-        resumed = f'"{ckpt_path}"' if ckpt_path else "null"
-        keep = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") != "resume"]
-        sys.argv[1:] = [*keep, f"ckpt_path={resumed}"]
+        sys.argv[1:] = pinned_resume(sys.argv[1:], ckpt_path)
 
 
 def _report(cfg: DictConfig, run_dir: Path, summary: dict, module: TFTModule, data: Any) -> None:

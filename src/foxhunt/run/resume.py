@@ -86,6 +86,14 @@ def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> P
     return found
 
 
+def pinned_resume(argv: list[str], ckpt_path: Path | None) -> list[str]:
+    """A `resume=auto` command line as DDP's other processes re-run it: continuing from the
+    checkpoint this process resolved (the newest run may change meanwhile). ckpt_path and
+    resume do not identify the experiment, so the re-run is the same experiment."""
+    resumed = f'"{ckpt_path}"' if ckpt_path else "null"
+    return [*(a for a in argv if _key(a) != "resume"), f"ckpt_path={resumed}"]
+
+
 def finished(run: RunDir, why: str) -> dict[str, Any] | None:
     """The summary of a job or fold that finished in an earlier attempt (reported again, not
     re-run), or None."""
