@@ -306,14 +306,14 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
         raise FoxhuntError(
             f"no backtest folds (directories with a backtest.fold) in {backtest_dir}"
         )
-    cfg = OmegaConf.load(next(iter(fold_dirs.values())) / ".hydra" / "config.yaml")
+    cfg = OmegaConf.load(RunDir(next(iter(fold_dirs.values()))).config)
     folds, tables, missing = [], [], []
     for k in range(cfg.backtest.folds):
         run_dir = fold_dirs.get(k)
-        if run_dir is None or not (run_dir / "summary.json").is_file():
+        if run_dir is None or not RunDir(run_dir).summary.is_file():
             missing.append(k)
             continue
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = json.loads(RunDir(run_dir).summary.read_text())
         table = pq.read_table(run_dir / FORECASTS)
         tables.append(table.add_column(0, "fold", pa.array(np.full(len(table), k, np.int32))))
         folds.append(

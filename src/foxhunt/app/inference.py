@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig
 from foxhunt.errors import ConfigError
+from foxhunt.run.dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def run_device(name: str, key: str = "device") -> torch.device:
 def training_data_config(ckpt_path: Path) -> DictConfig | None:
     """The data config of the run that wrote the checkpoint (<run>/checkpoints/x.ckpt beside
     <run>/.hydra/config.yaml), if it is there."""
-    saved = ckpt_path.parent.parent / ".hydra" / "config.yaml"
+    saved = RunDir.of_checkpoint(ckpt_path).config
     if not saved.is_file():
         return None
     data = OmegaConf.load(saved).get("data")

@@ -18,6 +18,7 @@ from foxhunt.app.interpret import PLOTS, have_matplotlib, interpret, new_figure
 from foxhunt.app.sweep import markdown_table
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.source import open_dataset
+from foxhunt.run.dir import RunDir
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -82,7 +83,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
 
 def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> list[str]:
     lines = ["## Configuration", ""]
-    saved = run_dir / ".hydra" / "overrides.yaml"
+    saved = RunDir(run_dir).overrides
     if saved.is_file():
         overrides = list(OmegaConf.load(saved))
         shown = " ".join(f"`{o}`" for o in overrides) if overrides else "none (the defaults)"
