@@ -47,7 +47,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from foxhunt.app.inference import data_changes
+from foxhunt.app.inference import data_changes, required_checkpoint
 from foxhunt.app.predict import Predictor, load
 from foxhunt.config import MIN_OPSET, parse_time
 from foxhunt.data.columns import OHLCV_FIELDS, OHLCV_TARGET, column_plan, ohlcv_spec_of
@@ -604,8 +604,7 @@ def _futures(cfg: DictConfig) -> dict[str, Any]:
 
 def export_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """scripts/export.py: export, print where and the parity, then one JSON line."""
-    if not cfg.ckpt_path:
-        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
+    required_checkpoint(cfg)
     opts = cfg.export
     chosen, changes = data_changes(cfg.data, overrides)
     result = export_onnx(

@@ -56,3 +56,10 @@ def data_changes(data: DictConfig, overrides: list[str]) -> tuple[bool, dict[str
         elif key.startswith("data."):
             OmegaConf.update(changes, key[5:], OmegaConf.select(data, key[5:]), force_add=True)
     return chosen, OmegaConf.to_container(changes)
+
+
+def required_checkpoint(cfg: DictConfig) -> str:
+    """The command's `ckpt_path`, which predict, interpret and export cannot run without."""
+    if not cfg.ckpt_path:
+        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
+    return cfg.ckpt_path

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from foxhunt.app.inference import run_device, training_data_config
+from foxhunt.app.inference import required_checkpoint, run_device, training_data_config
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
@@ -374,8 +374,7 @@ def interpret_checkpoint(
     """`interpret` for a checkpoint alone: its schema fixes the columns and normalization.
     Without data overrides (`data_overridden=False`) the data config of the checkpoint's own
     training run is used when it can be found."""
-    if not cfg.ckpt_path:
-        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
+    required_checkpoint(cfg)
     if cfg.top_k <= 0 or cfg.windows_per_instrument < 0:
         raise ConfigError(
             f"top_k must be positive and windows_per_instrument >= 0, got {cfg.top_k} "

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import data_changes
+from foxhunt.app.inference import data_changes, required_checkpoint
 from foxhunt.app.predict import load
 from foxhunt.errors import ConfigError
 from foxhunt.files import check_writable, write_atomic
@@ -57,8 +57,7 @@ def output_path(out: str | Path, data: str | None, overwrite: bool) -> Path:
 
 def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """scripts/predict.py: predict, write predictions.parquet, print a preview and where."""
-    if not cfg.ckpt_path:
-        raise ConfigError("ckpt_path is required: ckpt_path=/abs/path/to/checkpoint.ckpt")
+    required_checkpoint(cfg)
     opts = cfg.predict
     chosen, changes = data_changes(cfg.data, overrides)
     predictor = load(
