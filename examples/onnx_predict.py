@@ -20,7 +20,9 @@ normalization, the futures roll). The steps, one function each:
    OHLCV bars), the warm-up rows dropped;
 4. `build_windows`: the encoder rows and the forecast steps' known inputs (given in the rows to
    forecast, or the calendar of times continued at the bar interval), normalized;
-5. `forecast`: ONNX Runtime over batches, each step's quantiles sorted, then scaled back.
+5. `forecast`: ONNX Runtime over batches; `calibrate`: model.json's conformal offsets (CQR,
+   or ACI adapting them to the realized targets in the data), the quantiles put in order;
+   then scaled back.
 
 Bad input is one line, `error: ...`, and exit code 2.
 """
@@ -780,7 +782,7 @@ def check_history(
 def forecast(
     session: ort.InferenceSession, meta: dict[str, Any], w: Windows, batch_size: int
 ) -> np.ndarray:
-    """The quantiles [windows, H, Q] in the target's units, each step's sorted."""
+    """The quantiles [windows, H, Q] in the target's units, calibrated."""
     e, h = meta["encoder_length"], meta["prediction_length"]
     n_observed = len(meta["inputs"][0]["features"])
     names = {spec["name"] for spec in meta["inputs"]}
@@ -799,8 +801,73 @@ def forecast(
             feed["instrument"] = g
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
-    values = np.sort(out, axis=-1).astype(np.float64) * meta["target"]["std"]
+    values = calibrate(out.astype(np.float64), w, meta) * meta["target"]["std"]
     return values + meta["target"]["mean"]
+
+
+# --- calibration (foxhunt.evaluation.calibration) --------------------------------------------
+
+
+def in_order(pred: np.ndarray, quantiles: list[float]) -> np.ndarray:
+    """Lower levels capped at the median, upper ones floored at it, then each step sorted."""
+    out = pred.copy()
+    m = next((i for i, q in enumerate(quantiles) if abs(q - 0.5) < 1e-6), None)
+    if m is not None:
+        out[..., :m] = np.minimum(out[..., :m], out[..., m : m + 1])
+        out[..., m + 1 :] = np.maximum(out[..., m + 1 :], out[..., m : m + 1])
+    return np.sort(out, axis=-1)
+
+
+def calibrate(pred: np.ndarray, w: Windows, meta: dict[str, Any]) -> np.ndarray:
+    """pred [n, H, Q] (normalized) with model.json's calibration: cqr's offsets (the
+    instrument's, or the pooled "*"), or aci's, walking each instrument's windows in time
+    order and moving each interval's level after every realized target (known at or before
+    the forecast's origin); the interval [lo - offset, hi + offset]."""
+    cal, quantiles = meta.get("calibration"), meta["quantiles"]
+    if not cal or not cal["offsets"]:
+        return in_order(pred, quantiles)
+    lo, hi = [p[0] for p in cal["pairs"]], [p[1] for p in cal["pairs"]]
+    names = np.array([str(x) for x in w.instrument], dtype=object)
+    key = {n: n if n in cal["offsets"] else "*" for n in set(names)}
+    off = np.stack([np.asarray(cal["offsets"][key[n]]) for n in names]) if len(names) else 0.0
+    if cal["method"] == "aci":
+        actual = (w.actual - meta["target"]["mean"]) / meta["target"]["std"]
+        off = np.zeros((*pred.shape[:2], len(lo)))
+        for name in set(names):
+            rows = np.flatnonzero(names == name)
+            rows = rows[np.argsort(w.origin_ns[rows], kind="stable")]
+            off[rows] = aci_offsets(pred[rows], actual[rows], w, rows, cal, key[name])
+    out = pred.copy()
+    out[..., lo] -= off
+    out[..., hi] += off
+    return in_order(out, quantiles)
+
+
+def aci_offsets(
+    pred: np.ndarray, y: np.ndarray, w: Windows, rows: np.ndarray, cal: dict, key: str
+) -> np.ndarray:
+    """[n, H, P] adaptive conformal inference's offsets (Gibbs and Candes 2021) along one
+    instrument's windows: alpha_t+1 = alpha_t + gamma (alpha - miss_t), the offset the score
+    quantile at (1 - alpha_t)(n + 1) / n."""
+    q, lo, hi = cal["quantiles"], [p[0] for p in cal["pairs"]], [p[1] for p in cal["pairs"]]
+    alpha = np.array([1 - (q[j] - q[i]) for i, j in cal["pairs"]])
+    grid, n_cal = np.asarray(cal["grids"][key]), max(cal["windows"][key], 1)
+    levels = cal["grid_levels"]
+    origin, target = w.origin_ns[rows], w.target_ns[rows]
+    n, h = y.shape
+    known = np.stack([np.searchsorted(target[:, k], origin, side="right") for k in range(h)], 1)
+    known = np.minimum(known, np.arange(n)[:, None])
+    steps, pairs = np.arange(h)[:, None], np.arange(len(lo))[None, :]
+    gained = np.zeros((n + 1, h, len(lo)))
+    off = np.empty((n, h, len(lo)))
+    for t in range(n):
+        level = 1 - (alpha + cal["gamma"] * gained[known[t], np.arange(h)])
+        x = np.clip(level * (n_cal + 1) / n_cal, 0, 1) * (levels - 1)
+        i = np.minimum(x.astype(np.int64), levels - 2)
+        off[t] = grid[i, steps, pairs] * (1 - (x - i)) + grid[i + 1, steps, pairs] * (x - i)
+        miss = (y[t, :, None] < pred[t][:, lo] - off[t]) | (y[t, :, None] > pred[t][:, hi] + off[t])
+        gained[t + 1] = gained[t] + np.where(np.isfinite(y[t])[:, None], alpha - miss, 0)
+    return off
 
 
 def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
@@ -837,11 +904,20 @@ def predict(
         table = pq.read_table(data)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
-    windows = build_windows(table, meta, all_windows, str(data))
+    # aci adapts to the realized targets of the instrument's past windows: forecast them too
+    adapts = (meta.get("calibration") or {}).get("method") == "aci"
+    windows = build_windows(table, meta, all_windows or adapts, str(data))
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     values = forecast(session, meta, windows, batch_size)
+    if adapts and not all_windows:  # then only each instrument's latest
+        latest = build_windows(table, meta, False, str(data))
+        every = zip(windows.instrument, windows.origin_ns, strict=True)
+        at = {(str(n), int(o)): i for i, (n, o) in enumerate(every)}
+        wanted = zip(latest.instrument, latest.origin_ns, strict=True)
+        keep = [at[(str(n), int(o))] for n, o in wanted]
+        windows, values = latest, values[keep]
     time_type = table.schema.field(meta["data"]["time_column"]).type
     return output(windows, values, meta["output"]["columns"], time_type)
 

@@ -74,6 +74,7 @@ from tests.helpers import (  # noqa: E402
 H = 4  # both models' forecast steps
 TAIL = 30  # rows per instrument in the plain model's prediction file, the last H to forecast
 CONSUMER = ROOT / "examples" / "onnx_predict.py"
+QUANTILE_COLUMNS = ("q0.1", "q0.5", "q0.9")
 SMALL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
 BRIEF = ("trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1")
 
@@ -326,6 +327,44 @@ def test_the_consumer_forecasts_as_predict_py(model, all_windows, request, tmp_p
     _same_forecasts(
         pq.read_table(tmp_path / "onnx.parquet"), pq.read_table(tmp_path / "predict.parquet")
     )
+
+
+@pytest.mark.parametrize("all_windows", [False, True])
+@pytest.mark.parametrize("method", ["cqr", "aci"])
+def test_the_consumer_calibrates_as_predict_py(plain, method, all_windows, tmp_path):
+    """model.json's calibration applied by the consumer: predict.py's forecasts within 1e-5
+    relative, CQR's static offsets or ACI's, which follow the realized targets in the data."""
+    export = tmp_path / "onnx"
+    shutil.copytree(plain.export, export)
+    meta = json.loads((export / JSON_FILE).read_text())
+    assert meta["calibration"]["method"] == "aci" and meta["calibration"]["offsets"]["*"]
+    meta["calibration"]["method"] = method  # what an export of a method=<method> run holds
+    (export / JSON_FILE).write_text(json.dumps(meta))
+    flag = ["--all-windows"] if all_windows else []
+    found = {}
+    for name in (method, "none"):
+        code, _, stderr = run_script(
+            "predict.py",
+            f"ckpt_path={plain.ckpt}",
+            f"data.path={plain.data}",
+            f"predict.out={tmp_path / name}.parquet",
+            f"predict.calibration={name}",
+            f"predict.all_windows={all_windows}",
+            f"hydra.run.dir={tmp_path / name}",
+        )
+        assert code == 0, stderr
+        found[name] = pq.read_table(tmp_path / f"{name}.parquet")
+    code, _, stderr = consumer(export, plain.data, tmp_path / "onnx.parquet", *flag)
+    assert code == 0, stderr
+    got, want = pq.read_table(tmp_path / "onnx.parquet"), found[method]
+    assert got.select(["instrument", "origin_time", "horizon"]).equals(
+        want.select(["instrument", "origin_time", "horizon"])
+    )
+    a, b = (np.column_stack([t[c].to_numpy() for c in QUANTILE_COLUMNS]) for t in (got, want))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+    uncalibrated = np.column_stack([found["none"][c].to_numpy() for c in QUANTILE_COLUMNS])
+    assert not np.allclose(b, uncalibrated)  # the calibration moved the intervals
+    np.testing.assert_allclose(b[:, 1], uncalibrated[:, 1], atol=1e-5 * np.abs(b).max())  # median
 
 
 def test_the_consumer_needs_neither_torch_nor_foxhunt(futures, tmp_path):

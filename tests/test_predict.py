@@ -88,7 +88,9 @@ def _assert_ordered(table: pa.Table) -> None:
 
 
 def test_latest_window_per_instrument_equals_a_hand_computation(trained):
-    predictor = foxhunt.load(trained.ckpt)  # the data config: the training run's
+    # the data config: the training run's; CQR's static offsets (not the run's aci, which
+    # adapts them along the file's earlier windows: tests/test_export.py checks it)
+    predictor = foxhunt.load(trained.ckpt, calibration="cqr")
     table = predictor.predict(trained.tail_path)  # batch size from the memory estimator
     assert predictor.batch_size_for(2) == 2  # the two windows fit at once
     assert 1 <= predictor.batch_size_for(100_000) <= 8192
@@ -108,6 +110,8 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
 
     tail, schema = trained.tail, predictor.schema
     module = TFTModule.load_from_checkpoint(trained.ckpt, map_location="cpu")
+    calibration = torch.load(trained.ckpt, weights_only=True)["calibration"]
+    assert calibration["method"] == "aci" and calibration["pairs"] == [[0, 2]]
     model = module.model.eval()
     mean, std = np.asarray(schema.input_mean), np.asarray(schema.input_std)
     for name in ("AAA", "BBB"):
@@ -124,29 +128,22 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
         }
         with torch.no_grad():
             out = model(batch)[0].numpy().astype(np.float64)
-        expected = np.sort(out, axis=-1) * std[0] + mean[0]  # a level target: centred too
+        # the run's CQR offsets (the instrument's own, or pooled) widen the 0.1-0.9 interval
+        offsets = calibration["offsets"].get(name, calibration["offsets"]["*"])
+        off = np.asarray(offsets)[:, 0]
+        lower = np.minimum(out[:, 0] - off, out[:, 1])
+        upper = np.maximum(out[:, 2] + off, out[:, 1])
+        expected = np.column_stack([lower, out[:, 1], upper]) * std[0] + mean[0]  # centred too
         got = table.filter(np.asarray(table.column("instrument").to_pylist()) == name)
         values = np.column_stack([got.column(c).to_numpy() for c in QUANTILES])
         np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
         assert _ns(got, "origin_time").tolist() == [tail["timestamp"][enc[-1]]] * H
         np.testing.assert_array_equal(_ns(got, "target_time"), tail["timestamp"][dec])
 
-    # quantiles that cross are sorted: a head emitting them in reverse order gives the same
-    head, highway = predictor.model.output_layer, predictor.model.highway
-    with torch.no_grad():
-        head.weight.copy_(head.weight.flip(0))
-        head.bias.copy_(head.bias.flip(0))
-        if highway is not None:  # its quantiles too: [horizon x quantile, inputs]
-            for p in (highway.last_row.weight, highway.last_row.bias):
-                p.copy_(p.view(H, len(QUANTILES), -1).flip(1).view_as(p))
-            if highway.known is not None:
-                highway.known.weight.copy_(highway.known.weight.flip(0))
-    assert predictor.predict(trained.tail_path).equals(table)
-
     # without the training run's config, one derived from the checkpoint's schema (plus the
     # group column, which the schema does not name)
     alone = shutil.copy(trained.ckpt, trained.root / "alone.ckpt")
-    bare = foxhunt.load(alone, {"group_column": "symbol"}, batch_size=2)
+    bare = foxhunt.load(alone, {"group_column": "symbol"}, batch_size=2, calibration="cqr")
     assert bare.predict(trained.tail_path).equals(table)
 
 
@@ -165,6 +162,35 @@ def test_all_windows_actuals_and_table_input(trained):
     assert table.column("actual").null_count == 2 * (1 + 2 + 3 + 4)  # steps into the future
     from_table = predictor.predict(pq.read_table(trained.tail_path), all_windows=True)
     assert from_table.equals(table)
+
+
+def test_aci_in_predict_adapts_to_realized_targets_known_at_each_origin(trained):
+    """The run's method, aci: each instrument's windows in time order, the intervals moving with
+    each realized target, and a forecast made before a target's time never sees it."""
+    predictor = foxhunt.load(trained.ckpt, batch_size=64)
+    assert predictor.calibration.method == "aci"
+    adaptive = predictor.predict(trained.tail_path, all_windows=True)
+    static = foxhunt.load(trained.ckpt, batch_size=64, calibration="cqr").predict(
+        trained.tail_path, all_windows=True
+    )
+    _assert_ordered(adaptive)
+    widths = [t["q0.9"].to_numpy() - t["q0.1"].to_numpy() for t in (adaptive, static)]
+    assert not np.allclose(*widths)
+    # the targets of the last 6 realized bars of AAA, changed: no forecast whose origin
+    # precedes them moves (neither its inputs nor the intervals' adaptation held them)
+    tail = dict(trained.tail)
+    aaa = np.flatnonzero((tail["symbol"] == "AAA") & ~trained.future)[-6:]
+    tail["y"] = tail["y"].copy()
+    tail["y"][aaa] += 50.0
+    changed = predictor.predict(write_table(trained.root / "changed.parquet", tail), True)
+    before = (_ns(adaptive, "origin_time") < tail["timestamp"][aaa[0]]) | (
+        np.asarray(adaptive["instrument"].to_pylist()) != "AAA"
+    )
+    assert 0 < before.sum() < len(before)
+    for q in QUANTILES:
+        got, want = changed[q].to_numpy(), adaptive[q].to_numpy()
+        np.testing.assert_array_equal(got[before], want[before])
+        assert not np.allclose(got[~before], want[~before])
 
 
 def test_future_times_continue_at_the_bar_interval():
@@ -296,7 +322,8 @@ def test_int8_export_predicts(trained):
     set_qat_phase(model, observe=False, fake_quant=True)
     init = model_init(module.hparams.model, schema)
     path = trained.ckpt.parent / "model_int8.safetensors"  # beside the checkpoints: config found
-    export_int8(model, init, path, schema=schema.to_dict())
+    calibration = torch.load(trained.ckpt, weights_only=True)["calibration"]
+    export_int8(model, init, path, schema=schema.to_dict(), calibration=calibration)
     int8 = foxhunt.load(path, batch_size=64).predict(trained.tail_path, all_windows=True)
     assert int8.num_rows == fp32.num_rows
     _assert_ordered(int8)

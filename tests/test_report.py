@@ -80,6 +80,11 @@ def test_report_run_writes_interpretation_report_and_plots(trained):
     assert files["report"] == run_dir / "report.md"
     for heading in ("## Data", "## Batch sizes and memory", "## Test metrics", "## Calibration"):
         assert heading in report
+    # the conformal calibration: the model's own intervals, then each method's, and the plot
+    conformal = report.split("## Conformal calibration")[1]
+    for method in ("model", "cqr", "aci"):
+        assert f"| {method} | 0.1-0.9 | 0.8 |" in conformal
+    assert (run_dir / "calibration.png").stat().st_size > 5_000
     assert "AAA" in report and "2026-01-05" in report  # instruments and split dates
     for png in [*PLOTS.values(), LEARNING_CURVES]:
         assert f"]({png})" in report

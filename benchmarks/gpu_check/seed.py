@@ -45,7 +45,7 @@ SEED_PHASES = (
     ("test_start", "the test (trainer.limit_test_batches)"),
     (
         "test_end",
-        "rank 0's evaluation after the test: forecast_test over every test window (not cut by "
+        "rank 0's evaluation after the test: forecast_split over every test window (not cut by "
         "limit_test_batches), the baselines fit and scored on CPU",
     ),
     ("baselines_logged", "the quality evaluation, the export and the summary"),
@@ -149,7 +149,7 @@ def section_seed(check: Check, budget_s: float) -> dict[str, Any]:
         "status": "ok" if code == 0 else ("timeout" if code == "timeout" else "fail"),
         "overrides": overrides[:-3],
         "limits_note": "one epoch, cut by trainer.limit_train/val/test_batches (see overrides); "
-        "rank 0's evaluation after the test (forecast_test, the baselines) runs over every "
+        "rank 0's evaluation after the test (forecast_split, the baselines) runs over every "
         "test window regardless",
         "exit_code": code,
         "wall_s": wall_s,

@@ -35,6 +35,9 @@ BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
 Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
 # sign: one unit long or short by the median forecast; scaled: median / predicted spread, +-1
 StrategyRule = StrEnum("StrategyRule", ["sign", "scaled"])
+# none: the model's quantiles as they are (in order); cqr: conformal offsets fitted on the
+# validation windows; aci: those offsets adapted online to each realized outcome
+CalibrationMethod = StrEnum("CalibrationMethod", ["none", "cqr", "aci"])
 # what a run reports (summary.json's metrics) and a sweeper may optimise
 Metric = StrEnum(
     "Metric",
@@ -169,6 +172,8 @@ class ModelConfig:
     quantiles: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
     # a linear forecast of the last inputs added to the quantiles (foxhunt.models.blocks.Highway)
     highway: bool = True
+    # quantiles in order by construction (foxhunt.models.blocks.MonotoneQuantiles)
+    monotone: bool = True
     # torch.compile the model (inductor); not part of the architecture, so resume may toggle it
     compile: bool = False
 
@@ -301,6 +306,16 @@ class EvalConfig:
 
 
 @dataclass
+class CalibrationConfig:
+    """How a run calibrates its quantiles after training (`foxhunt.evaluation.calibration`)."""
+
+    method: CalibrationMethod = CalibrationMethod.aci
+    gamma: float = 0.005  # aci's step size: how fast the level follows the realized misses
+    per_instrument: bool = True  # own offsets for an instrument with min_windows windows
+    min_windows: int = 200  # validation windows an instrument needs for offsets of its own
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = MISSING
     model: ModelConfig = MISSING
@@ -318,6 +333,7 @@ class TrainConfig:
     report: bool = True  # report.md, interpretation.json and plots in the run directory
     backtest: BacktestConfig | None = None  # walk-forward folds: conf/backtest.yaml
     eval: EvalConfig = field(default_factory=EvalConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
 
 # --- the other commands' configs: conf/predict.yaml, conf/export.yaml, conf/interpret.yaml ---
@@ -331,6 +347,9 @@ class PredictOptions:
     out: str | None = None  # None: the run directory; a directory gets predictions.parquet
     overwrite: bool = False  # replace an existing predict.out file (never the input data)
     preview_rows: int = 8
+    # None: the checkpoint's own calibration method; none | cqr | aci to choose another (aci
+    # adapts to the realized targets in the data, walking its windows in time order)
+    calibration: CalibrationMethod | None = None
 
 
 @dataclass
@@ -438,6 +457,9 @@ def validate(cfg: Any) -> None:
     e = cfg.eval
     _check(e.stride is None or e.stride > 0, f"eval.stride must be positive, got {e.stride}")
     _check(e.cost_bps >= 0, f"eval.cost_bps must be >= 0, got {e.cost_bps}")
+    c = cfg.calibration
+    _check(0 < c.gamma < 1, f"calibration.gamma must be in (0, 1), got {c.gamma}")
+    _check(c.min_windows > 0, f"calibration.min_windows must be positive, got {c.min_windows}")
     _check(
         o.schedule_epochs is None or o.schedule_epochs > 0,
         f"optim.schedule_epochs must be positive or null, got {o.schedule_epochs}",

@@ -224,15 +224,19 @@ def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_pa
     assert scored["zero"] == pytest.approx(m["baseline_test_loss"], rel=1e-6)
     best = min(scored, key=scored.__getitem__)
     assert m["best_baseline"] == best
-    assert m["skill"] == pytest.approx(1 - m["test_loss"] / scored[best])
+    # the skill of the forecasts delivered: calibrated (summary.json's calibration.after)
+    delivered = m["calibrated_test_loss"]
+    assert delivered == pytest.approx(summary["calibration"]["after"]["pinball"], rel=1e-9)
+    assert m["skill"] == pytest.approx(1 - delivered / scored[best])
     assert 0 < m["test_up_share"] < 1
-    # per instrument, from the one forecast pass: it reproduces the test step's loss, and its
-    # rows are test_forecasts.parquet's
+    # the one forecast pass reproduces the test step's loss before calibration; per
+    # instrument, its rows are test_forecasts.parquet's
+    assert summary["calibration"]["before"]["pinball"] == pytest.approx(m["test_loss"], rel=1e-5)
     per = m["by_instrument"]
     assert set(per) == {"AAA", "BBB"}
     windows = sum(p["windows"] for p in per.values())
     pooled = sum(p["test_loss"] * p["windows"] for p in per.values()) / windows
-    assert pooled == pytest.approx(m["test_loss"], rel=1e-5)
+    assert pooled == pytest.approx(delivered, rel=1e-5)
     for name, p in per.items():
         rivals = {n: found[n]["test_by_instrument"][name]["test_loss"] for n in scored}
         assert p["skill"] == pytest.approx(1 - p["test_loss"] / min(rivals.values()))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer, tft
@@ -372,3 +375,40 @@ def test_lstms_under_cpu_bf16_autocast_run_as_onednn_can(monkeypatch, onednn_bf1
     assert dtypes == [torch.bfloat16 if onednn_bf16 else torch.float32] * 2
     assert out.dtype == torch.bfloat16  # the output layer under autocast either way
     assert all(p.grad is not None for p in model.lstm_encoder.parameters())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(0.01, 100.0), highway=st.booleans())
+def test_monotone_quantiles_never_cross_for_any_weights(seed: int, scale: float, highway: bool):
+    torch.manual_seed(seed)
+    quantiles = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
+    model, x = build("statics", quantiles=quantiles, monotone=True, highway=highway)
+    with torch.no_grad():
+        for p in model.parameters():  # any weights, far from an initialisation
+            p.copy_(torch.randn_like(p) * scale)
+    for train in (True, False):
+        out = model.train(train)(x)
+        assert (out.diff(dim=-1) >= 0).all()
+    # the independent heads of Lim et al. (monotone=False) with the same weights do cross
+    plain = TemporalFusionTransformer(
+        **{**model_kwargs("statics"), "quantiles": quantiles, "highway": highway}
+    )
+    plain.load_state_dict(model.state_dict())
+    assert (plain.eval()(x).diff(dim=-1) < 0).any()
+
+
+def model_kwargs(name: str) -> dict:
+    return dict(prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8, **CONFIGS[name])
+
+
+def test_the_monotone_head_keeps_the_median_and_needs_increasing_levels() -> None:
+    torch.manual_seed(0)
+    model, x = build("plain", monotone=True)
+    raw = model.monotone
+    values = torch.tensor([[3.0, -1.0, -2.0]])  # median -1, gaps softplus(3), softplus(-2)
+    out = raw(values)[0]
+    assert out[1] == -1.0
+    assert torch.allclose(out, torch.tensor([-1 - F.softplus(torch.tensor(3.0)), -1.0,
+                                             -1 + F.softplus(torch.tensor(-2.0))]))  # fmt: skip
+    with pytest.raises(ConfigError, match="increasing"):
+        build("plain", monotone=True, quantiles=(0.5, 0.1, 0.9))

@@ -195,7 +195,9 @@ def test_cli_trains_and_prints_summary_last(tmp_path, table_path):
     first = next(i for i, line in enumerate(person) if line.startswith("test loss "))
     assert person[first].startswith(f"test loss {summary['metrics']['test_loss']:.4f}")
     assert f"against {summary['metrics']['best_baseline']}, the strongest" in person[first]
-    assert person[-1].startswith("calibration: the 0.1-0.9 interval held ")
+    cal = summary["calibration"]
+    assert person[-1].startswith("calibration (aci): the 0.1-0.9 interval held ")
+    assert person[-1].endswith(f": {cal['verdict']}")  # before -> after, and whether it helped
     assert Path(summary["run_dir"]).resolve().is_relative_to(tmp_path.resolve() / "outputs")
     assert Path(summary["best_checkpoint"]).is_file()
     assert (Path(summary["run_dir"]) / "summary.json").is_file()

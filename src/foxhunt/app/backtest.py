@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.report import instrument_table
+from foxhunt.app.report import conformal_section, instrument_table
 from foxhunt.app.sweep import SweepSummary, markdown_table
 from foxhunt.app.train import train
 from foxhunt.config import EvalConfig
@@ -40,7 +40,8 @@ from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.baselines import skill
-from foxhunt.evaluation.forecasts import FORECASTS, quantile_column
+from foxhunt.evaluation.calibration import table_calibration
+from foxhunt.evaluation.forecasts import FORECASTS, RAW_PREFIX, quantile_column
 from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
 from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import write_atomic, write_json, write_text
@@ -266,12 +267,19 @@ def _fold_dirs(backtest_dir: Path) -> dict[int, Path]:
 
 def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
     """The test metrics over out-of-sample rows (`OutOfSampleForecasts`' columns), all folds
-    together: test_loss is the pinball loss normalized by each fold's target scale, as a run's
-    test_loss; the rest are in the target's own units or shares."""
+    together: test_loss is the pinball loss of the model's own forecasts (raw_q columns, before
+    calibration) normalized by each fold's target scale, as a run's test_loss;
+    calibrated_test_loss that of the forecasts delivered (the q columns), which the skill
+    compares; the rest are in the target's own units or shares."""
     if table.num_rows == 0:  # no fold finished
         return {}
     q = np.asarray(quantiles)
-    pred = np.stack([table[quantile_column(x)].to_numpy() for x in quantiles], axis=1)
+    delivered = np.stack([table[quantile_column(x)].to_numpy() for x in quantiles], axis=1)
+    raw = [RAW_PREFIX + quantile_column(x) for x in quantiles]
+    if set(raw) <= set(table.column_names):  # folds run before calibration have none
+        pred = np.stack([table[c].to_numpy() for c in raw], axis=1)
+    else:
+        pred = delivered
     actual, naive = table["actual"].to_numpy(), table["naive"].to_numpy()
     scale = table["target_scale"].to_numpy()[:, None]
 
@@ -286,6 +294,7 @@ def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
     hit = np.sign(median - naive) == np.sign(actual - naive)
     return {
         "test_loss": float((loss / scale).mean()),
+        "calibrated_test_loss": float((pinball(delivered) / scale).mean()),
         "test_loss_target_units": float(loss.mean()),
         "test_mae": float(np.abs(median - actual).mean()),
         "test_directional_accuracy": float(hit[moved].mean()) if moved.any() else None,
@@ -335,14 +344,14 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     quantiles = [float(q) for q in cfg.model.quantiles]
     metrics = pooled_metrics(oos, quantiles)
     baselines = pooled_baselines(folds)
-    metrics |= _skill(metrics.get("test_loss"), baselines)
+    metrics |= _skill(metrics.get("calibrated_test_loss"), baselines)
     names = sorted(set(oos["instrument"].to_pylist())) if "instrument" in oos.column_names else []
     if None not in names:  # one unnamed series: nothing per instrument
         metrics["by_instrument"] = {}
         for name in names:
             own = pooled_metrics(oos.filter(pc.equal(oos["instrument"], name)), quantiles)
             rivals = pooled_baselines(folds, name)
-            own |= _skill(own["test_loss"], rivals)
+            own |= _skill(own["calibrated_test_loss"], rivals)
             own["windows"] = sum(
                 f["metrics"].get("by_instrument", {}).get(name, {}).get("windows", 0) for f in folds
             )
@@ -375,6 +384,11 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
         "metrics": {"val_loss": float(np.mean(val)) if val else None, **metrics},
         "baselines": baselines,
         **judged,
+        # every fold calibrated on its own validation windows: the pooled test rows before
+        # and after
+        "calibration": table_calibration(
+            oos, quantiles, str((cfg.get("calibration") or {}).get("method", "none"))
+        ),
         "folds": folds,
         "oos_predictions": str(backtest_dir / OOS),
         "wall_s": round(sum(f["wall_s"] or 0 for f in folds), 1),
@@ -458,6 +472,8 @@ def report(summary: dict[str, Any]) -> str:
         "common direction scores the larger of the two.",
         *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
         *_strategy_table(summary),
+        "",
+        *conformal_section(summary),
         "",
     ]
     return "\n".join(lines)

@@ -476,9 +476,12 @@ def model_description(
         },
         "normalization": (
             "input: float32((value - mean) / std), computed in float64, per feature; "
-            "output: sort each step's quantiles ascending, then value * target.std + "
-            "target.mean in float64"
+            "output: the calibration's offsets (below) on each step's quantiles, in float64, "
+            "then value * target.std + target.mean"
         ),
+        # foxhunt.evaluation.calibration: CQR's offsets per instrument ("*": pooled), horizon
+        # step and pair, in normalized units; aci's score quantiles; null: sort each step
+        "calibration": predictor.calibration.to_dict() if predictor.calibration else None,
         "features": features(schema, cfg),
         "data": data_section(cfg, schema),
         "derivations": DERIVATIONS,

@@ -14,8 +14,12 @@ when every known input is a calendar encoding of the time (features=ohlcv, no
 data.known_features), from times continued at the instrument's bar interval (the most common
 step): such steps assume no session gap, and their target_time is null.
 
-Quantiles crossing each other are put in order (sorted per step: the rearrangement of
-Chernozhukov et al. 2010, which never makes a quantile forecast worse), so q0.1 <= q0.5 <= q0.9.
+The quantiles are calibrated as the training run calibrated them on its validation windows
+(the checkpoint's or export's `calibration`; `foxhunt.evaluation.calibration`): CQR's static
+offsets, or with `aci` offsets that follow each realized outcome in the data, walking each
+instrument's windows in time order (for the latest windows, over the instrument's past windows
+in the data first). Either way they never cross: q0.1 <= q0.5 <= q0.9 (the rearrangement of
+Chernozhukov et al. 2010, which never makes a quantile forecast worse).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from foxhunt.data.schema import DataSchema, drop_features
 from foxhunt.data.source import open_dataset
 from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
 from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.evaluation.calibration import METHODS, Calibration
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
 from foxhunt.precision import precision_of
@@ -68,6 +73,7 @@ def load(
     device: str = "auto",
     batch_size: int | None = None,
     data_defaults: DictConfig | None = None,
+    calibration: str | None = None,
 ) -> Predictor:
     """A predictor for a checkpoint (.ckpt) or an export (model_fp32/model_int8.safetensors).
 
@@ -75,24 +81,50 @@ def load(
     checkpoint's training run (`<run>/.hydra/config.yaml`); without one, on a config derived
     from the checkpoint's schema (columns as trained, time column `timestamp`, no group column).
     `data_defaults`: start from this data config instead (the CLI's `data=<option>`).
-    `batch_size`: windows per forward pass; None: planned by the memory estimator."""
+    `batch_size`: windows per forward pass; None: planned by the memory estimator.
+    `calibration`: none, cqr or aci in place of the method the model was calibrated with."""
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"predict.batch_size must be positive, got {batch_size}")
+    if calibration is not None and calibration not in METHODS:
+        raise ConfigError(f"predict.calibration must be none, cqr or aci, got {calibration!r}")
     path, blob = Path(path).expanduser().resolve(), None
     if path.suffix != ".safetensors":
         path, blob = read_checkpoint(path)
     if isinstance(blob, dict) and "hyper_parameters" in blob:
         model, schema, model_cfg, precision = _from_checkpoint(path, blob)
         target = run_device(device, "predict.device")
+        fitted = blob.get("calibration")
     elif blob is None or (isinstance(blob, dict) and "int8" in blob):  # legacy model_int8.pt
-        model, schema, model_cfg, int8 = _from_export(path, device)
+        model, schema, model_cfg, int8, fitted = _from_export(path, device)
         precision = {"name": "fp32"}  # dequantized or float weights: a float trace sizes it
         target = torch.device("cpu") if int8 else run_device(device, "predict.device")
     else:
         raise CheckpointError(f"{path} is neither a foxhunt checkpoint nor an export")
     del blob
     data_cfg = _data_config(path, schema, data, data_defaults)
-    return Predictor(model, schema, data_cfg, target, model_cfg, precision, batch_size)
+    predictor = Predictor(model, schema, data_cfg, target, model_cfg, precision, batch_size)
+    predictor.calibration = _calibration(path, fitted, calibration)
+    return predictor
+
+
+def _calibration(path: Path, fitted: Any, method: str | None) -> Calibration | None:
+    """The model's calibration (None: a model saved before calibration, or without one),
+    set to `method` when given."""
+    try:
+        found = Calibration.from_dict(fitted)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path} holds a calibration foxhunt cannot read: {exc}") from None
+    if found is None:
+        if method not in (None, "none"):
+            raise ConfigError(
+                f"predict.calibration={method}, but {path} carries no calibration (saved before "
+                "calibration, or not a run's best checkpoint): predict from the run's best-*.ckpt "
+                "or its model_*.safetensors export"
+            )
+        return None
+    if method is not None:
+        found.method = method
+    return found
 
 
 def _from_checkpoint(
@@ -112,10 +144,10 @@ def _from_checkpoint(
 
 def _from_export(
     path: Path, device: str
-) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], bool]:
+) -> tuple[torch.nn.Module, DataSchema, dict[str, Any], bool, Any]:
     """An export: float32 weights (model_fp32.safetensors) or int8 (model_int8.safetensors, or
     a legacy model_int8.pt), loaded without pickle (the legacy file weights-only).
-    (model, schema, model config, whether it is int8)."""
+    (model, schema, model config, whether it is int8, its calibration's dict)."""
     meta = read_export(path)[1] if path.suffix == ".safetensors" else read_int8(path)
     if meta.get("schema") is None:
         raise CheckpointError(
@@ -124,15 +156,17 @@ def _from_export(
         )
     model_cfg = {k: meta["init"][k] for k in MODEL_KEYS}
     model_cfg["highway"] = meta["init"].get("highway", False)  # exports before it have none
+    model_cfg["monotone"] = meta["init"].get("monotone", False)  # nor before this
     schema = DataSchema.from_dict(meta["schema"])
+    fitted = meta.get("calibration")
     if path.suffix == ".safetensors" and meta.get("format") != INT8_FORMAT:
-        return load_weights(path)[0], schema, model_cfg, False
+        return load_weights(path)[0], schema, model_cfg, False, fitted
     if device not in ("auto", "cpu"):
         raise ConfigError(
             "an int8 export runs on CPU (torch.ao's dynamic int8 LSTM kernels are CPU "
             "only): use predict.device=cpu, or the checkpoint it came from"
         )
-    return load_int8(path), schema, model_cfg, True
+    return load_int8(path), schema, model_cfg, True, fitted
 
 
 def _data_config(
@@ -331,6 +365,7 @@ class Predictor:
         self.precision = precision
         self.batch_size = batch_size
         self.quantiles = [float(q) for q in model_cfg["quantiles"]]
+        self.calibration: Calibration | None = None  # set by `load`
         self._planned: dict[int, int] = {}  # windows -> planned batch size
 
     def predict(
@@ -351,12 +386,24 @@ class Predictor:
         table, where = self._read(data)
         cfg = self.data_cfg.copy()
         cfg.path = where
-        windows = build_windows(table, cfg, self.schema, all_windows)
-        normalized = np.sort(self._forward(windows.dataset, progress), axis=-1)
+        adapts = self.calibration is not None and self.calibration.method == "aci"
+        windows = build_windows(table, cfg, self.schema, all_windows or adapts)
+        if adapts and not all_windows:  # the latest windows are there as they would be alone
+            latest = build_windows(table, cfg, self.schema, False)
+        normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
+        if adapts and not all_windows:
+            windows, normalized = latest, normalized[_rows_of(windows, latest)]
         values = normalized.astype(np.float64) * self.schema.target_scale
         values += self.schema.target_center
         time_type = table.schema.field(cfg.time_column).type
         return _output(windows, values, sorted(self.quantiles), time_type)
+
+    def _calibrated(self, pred: np.ndarray, w: Windows) -> np.ndarray:
+        """The model's normalized forecasts calibrated (ACI: from the realized targets)."""
+        if self.calibration is None:  # a model saved before calibration: only in order
+            return np.sort(pred, axis=-1)
+        actual = (w.actual - self.schema.target_center) / self.schema.target_scale
+        return self.calibration.apply(pred, w.instrument, actual, w.origin_ns, w.target_ns)
 
     @staticmethod
     def _read(data: pa.Table | str | Path) -> tuple[pa.Table, str]:
@@ -426,6 +473,14 @@ class Predictor:
                 out[start:stop] = self.model(x).float().cpu().numpy()
                 bar.update(stop - start)
         return out
+
+
+def _rows_of(every: Windows, latest: Windows) -> np.ndarray:
+    """The indices in `every` of the windows of `latest` (by instrument and origin)."""
+    keys = zip(every.instrument, every.origin_ns, strict=True)
+    at = {(str(n), int(o)): i for i, (n, o) in enumerate(keys)}
+    wanted = zip(latest.instrument, latest.origin_ns, strict=True)
+    return np.array([at[(str(n), int(o))] for n, o in wanted], dtype=np.int64)
 
 
 def _times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:

@@ -66,6 +66,7 @@ def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dic
         device=opts.device,
         batch_size=opts.batch_size,
         data_defaults=cfg.data if chosen else None,
+        calibration=None if opts.calibration is None else str(opts.calibration),
     )
     data = None if OmegaConf.is_missing(predictor.data_cfg, "path") else predictor.data_cfg.path
     out = output_path(opts.out or run_dir, data, opts.overwrite)
@@ -78,4 +79,10 @@ def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dic
         f"wrote {table.num_rows} rows ({windows} windows of {instruments} instruments x "
         f"{predictor.schema.prediction_length} steps) to {out.resolve()}"
     )
-    return {"predictions": str(out.resolve()), "rows": table.num_rows, "windows": windows}
+    cal = predictor.calibration
+    return {
+        "predictions": str(out.resolve()),
+        "rows": table.num_rows,
+        "windows": windows,
+        "calibration": cal.method if cal else None,
+    }

@@ -68,6 +68,7 @@ def write_report(
         _metrics_section(summary, interpretation),
         _baselines_section(summary),
         _quality_section(summary, run_dir, plots),
+        conformal_section(summary),
         _strategy_section(summary, run_dir),
         _calibration_section(interpretation),
         _interpretation_section(interpretation),
@@ -463,7 +464,7 @@ def _quality_section(summary: dict[str, Any], run_dir: Path, plots: bool) -> lis
     m, ev = summary.get("metrics") or {}, summary.get("evaluation")
     if not ev:
         return []
-    drew = plots and _plot_quality(run_dir, ev)
+    drew = plots and _plot_quality(run_dir, ev, summary.get("calibration"))
     lines = [
         "## Information coefficient and calibration",
         "",
@@ -502,9 +503,10 @@ def _quality_section(summary: dict[str, Any], run_dir: Path, plots: bool) -> lis
     return lines
 
 
-def _plot_quality(run_dir: Path, ev: dict[str, Any]) -> bool:
+def _plot_quality(run_dir: Path, ev: dict[str, Any], cal: dict[str, Any] | None) -> bool:
     """ic_by_horizon.png (IC and rank IC with 2-standard-error bars) and calibration.png
-    (observed against nominal level per horizon, and the PIT histogram)."""
+    (observed against nominal level: the model's own and calibrated, pooled, and calibrated
+    per horizon; the PIT histogram of the calibrated forecasts)."""
     steps = [h["horizon"] for h in ev["by_horizon"]]
     fig = new_figure(figsize=(7, 3.5))
     ax = fig.add_subplot()
@@ -522,7 +524,10 @@ def _plot_quality(run_dir: Path, ev: dict[str, Any]) -> bool:
     ax, pit = fig.subplots(1, 2)
     nominal = ev["quantiles"]
     for h, observed in zip(steps, ev["coverage_by_horizon"], strict=True):
-        ax.plot(nominal, observed, marker=".", lw=0.8, label=f"step {h}")
+        ax.plot(nominal, observed, lw=0.5, alpha=0.5, label=f"step {h}")
+    if cal and cal.get("before"):
+        ax.plot(nominal, cal["before"]["share_below"], "k--", marker="o", label="model")
+        ax.plot(nominal, cal["after"]["share_below"], "k-", marker="o", label=cal["method"])
     ax.plot([0, 1], [0, 1], color="grey", lw=0.6)
     ax.set(xlabel="nominal level", ylabel="observed share below", title="Calibration")
     ax.legend(fontsize=6)
@@ -561,6 +566,56 @@ def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     ]
     if (run_dir / "equity.png").is_file():
         lines += ["", "![equity curves](equity.png)"]
+    return lines
+
+
+def conformal_section(summary: dict[str, Any]) -> list[str]:
+    """The test forecasts before and after each calibration method, per interval and horizon."""
+    cal = summary.get("calibration")
+    if not cal or not cal.get("before", {}).get("intervals"):
+        return []
+    fitted = (
+        f"fitted on {cal['calibration_windows']} validation windows"
+        if "calibration_windows" in cal
+        else "each fold's fitted on its own validation windows"
+    )
+    lines = [
+        "## Conformal calibration",
+        "",
+        f"`calibration.method={cal['method']}` ({fitted}; "
+        "foxhunt/evaluation/calibration.py): the test windows' intervals before (the model's "
+        "own quantiles) and after; verdict `better` when the outer interval's coverage is "
+        f"nearer its nominal level and the pinball loss no worse. Verdict: **{cal['verdict']}**.",
+        "",
+    ]
+    methods = {"model": cal["before"], **(cal.get("methods") or {cal["method"]: cal["after"]})}
+    head = ["forecasts", "interval", "nominal", "coverage", "width", "Winkler", "pinball", "CRPS"]
+    rows = [
+        [
+            name,
+            f"{i['levels'][0]:g}-{i['levels'][1]:g}",
+            i["nominal"],
+            i["coverage"],
+            i["width"],
+            i["winkler"],
+            f["pinball"],
+            f["crps"],
+        ]  # fmt: skip
+        for name, f in methods.items()
+        for i in f["intervals"]
+    ]
+    lines += _table(head, rows)
+    outer = [f["intervals"][0]["coverage_by_horizon"] for f in methods.values()]
+    steps = range(1, len(outer[0]) + 1)
+    by_step = [[h, *c] for h, *c in zip(steps, *outer, strict=True)]
+    lines += ["", "Coverage of the outer interval per horizon step:", ""]
+    lines += _table(["horizon", *methods], by_step)
+    if cal.get("crossing_rate_model") is not None:
+        lines += [
+            "",
+            f"Quantile crossing: {cal['crossing_rate_model']:.2%} of the model's test steps, "
+            f"{cal['crossing_rate']:.2%} after calibration.",
+        ]
     return lines
 
 
@@ -616,6 +671,18 @@ def _horizon_line(h: dict[str, Any]) -> str:
     return line + ("" if h.get("skill") is None else f", skill {h['skill']:+.1%}")
 
 
+def _calibration_line(cal: dict[str, Any]) -> str:
+    """The outer interval's test coverage and width before and after calibration, in one line."""
+    b, a = cal["before"]["intervals"][0], cal["after"]["intervals"][0]
+    lo, hi = b["levels"]
+    return (
+        f"calibration ({cal['method']}): the {lo:g}-{hi:g} interval held {b['coverage']:.1%} "
+        f"-> {a['coverage']:.1%} of the test targets (nominal {b['nominal']:.0%}), width "
+        f"{b['width']:.3g} -> {a['width']:.3g}, pinball {cal['before']['pinball']:.4f} -> "
+        f"{cal['after']['pinball']:.4f}: {cal['verdict']}"
+    )
+
+
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
     """What a person reads at the end of a run, before its JSON line: the test loss and the
     skill against the strongest baseline (per instrument too), direction against its base rate,
@@ -624,6 +691,8 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     if m.get("test_loss") is None:
         return []
     lines = [f"test loss {m['test_loss']:.4f} (quantile loss, normalized)"]
+    if m.get("calibrated_test_loss") is not None:
+        lines[0] = lines[0][:-1] + f"; calibrated {m['calibrated_test_loss']:.4f})"
     if m.get("skill") is not None:
         verdict = "beats" if m["skill"] > 0 else "does not beat"
         lines[0] += (
@@ -661,7 +730,10 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
             + ("n/a" if hold is None else f"{hold:.2f}")
         )
     quantiles, coverage = summary.get("quantiles"), m.get("test_coverage")
-    if quantiles and coverage is not None:
+    cal = summary.get("calibration") or {}
+    if cal.get("before", {}).get("intervals"):
+        lines.append(_calibration_line(cal))
+    elif quantiles and coverage is not None:
         nominal = quantiles[-1] - quantiles[0]
         lines.append(
             f"calibration: the {quantiles[0]:g}-{quantiles[-1]:g} interval held {coverage:.1%} "

@@ -35,9 +35,11 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError
-from foxhunt.evaluation.forecasts import FORECASTS
+from foxhunt.evaluation.calibration import Calibration, calibrate_run, crossing_rate
+from foxhunt.evaluation.forecasts import FORECASTS, window_facts
 from foxhunt.evaluation.judge import judge
 from foxhunt.evaluation.quality import EQUITY_PLOT
+from foxhunt.evaluation.stats import pinball_per_quantile
 from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
@@ -54,7 +56,11 @@ from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.run.resume import pinned_resume, resume_source
 from foxhunt.threads import ShareCpus
-from foxhunt.training.checkpoint_io import SafeCheckpointIO, read_checkpoint_hparams
+from foxhunt.training.checkpoint_io import (
+    SafeCheckpointIO,
+    annotate_checkpoint,
+    read_checkpoint_hparams,
+)
 from foxhunt.training.checkpointing import (
     BestCheckpoint,
     GracefulInterrupt,
@@ -346,10 +352,17 @@ def finish(
     trainer, datamodule, module = parts.trainer, parts.datamodule, parts.module
     summary = {"run_dir": str(run.path), **origin, **_run_figures(cfg, parts, fitted)}
     if trainer.is_global_zero:
-        judged = evaluate_test(trainer, module, run.path, fitted.tested["test_loss"], cfg)
+        judged, calibration = evaluate_test(
+            trainer, module, run.path, fitted.tested["test_loss"], cfg
+        )
         summary["metrics"] |= judged.pop("metrics")
         summary |= judged
-        summary |= export_best(cfg, parts.precision, module, datamodule, fitted.tested, run)
+        calibrated = calibration.to_dict()
+        summary |= export_best(
+            cfg, parts.precision, module, datamodule, fitted.tested, run, calibrated
+        )
+        if fitted.best:  # the best checkpoint carries its calibration (predict applies it)
+            annotate_checkpoint(fitted.best, calibration=calibrated)
     summary["splits"] = datamodule.splits
     summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
     if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
@@ -389,22 +402,42 @@ def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str,
 
 def evaluate_test(
     trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, cfg: DictConfig
-) -> dict[str, Any]:
-    """The model's test forecasts, once: judged beside the baselines on the same windows
-    (`foxhunt.evaluation.judge`), written to test_forecasts.parquet. Returns summary.json's
-    `baselines`, `evaluation` and `strategy`, and its headline `metrics` merged in."""
+) -> tuple[dict[str, Any], Calibration]:
+    """The model's validation and test forecasts, once: calibrated on the validation windows
+    (`foxhunt.evaluation.calibration`), the test's judged beside the baselines on the same
+    windows (`foxhunt.evaluation.judge`), written to test_forecasts.parquet. Returns
+    summary.json's `baselines`, `evaluation`, `strategy` and `calibration`, its headline
+    `metrics` merged in, and the calibration."""
     datamodule: ParquetDataModule = trainer.datamodule
-    pred = forecast_test(trainer, module)
-    quantiles = module.quantiles.tolist()
-    judged = judge(datamodule.datasets, datamodule.schema, pred, quantiles, cfg.eval, cfg.seed)
-    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(judged.table, f))
-    if judged.test_loss is not None and abs(judged.test_loss / test_loss - 1) > 1e-3:
+    quantiles = list(cfg.model.quantiles)  # exact: the module's buffer is float32
+    raw, model_crossing = forecast_split(trainer, module, "test")
+    own_loss = _quantile_loss(raw, datamodule, quantiles)
+    if own_loss is not None and abs(own_loss / test_loss - 1) > 1e-3:
         log.warning(  # the same windows and model: a mismatch is a bug, not noise
-            "the test forecasts score %.6g, the test step %.6g", judged.test_loss, test_loss
+            "the test forecasts score %.6g, the test step %.6g", own_loss, test_loss
         )
+    val_pred, _ = forecast_split(trainer, module, "val")
+    calibration, pred, calibrated = calibrate_run(
+        cfg.calibration, datamodule.datasets, datamodule.schema, val_pred, raw, quantiles
+    )
+    calibrated["crossing_rate_model"] = model_crossing
+    judged = judge(
+        datamodule.datasets, datamodule.schema, pred, quantiles, cfg.eval, cfg.seed, raw=raw
+    )
+    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(judged.table, f))
     if cfg.report:
         plot_equity(judged.equity, run_dir / EQUITY_PLOT)
-    return dict(judged.summary)
+    return {**judged.summary, "calibration": calibrated}, calibration
+
+
+def _quantile_loss(
+    pred: np.ndarray, datamodule: ParquetDataModule, quantiles: list
+) -> float | None:
+    """The test step's loss of forecasts `pred` of the test windows (normalized)."""
+    if not len(pred):
+        return None
+    actual = window_facts(datamodule.datasets["test"], datamodule.schema).actual
+    return float(pinball_per_quantile(pred, actual, np.asarray(quantiles)).mean())
 
 
 def export_best(
@@ -414,9 +447,11 @@ def export_best(
     datamodule: ParquetDataModule,
     tested: dict,
     run: RunDir,
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The best model, exported without pickle by its precision: safetensors (fp32, bf16), or
-    int8 scored on the test split beside the fake-quant model it came from."""
+    int8 scored on the test split beside the fake-quant model it came from; with its
+    calibration."""
     return precision.export(
         module.model,
         init=model_init(_plain(cfg.model), datamodule.schema),
@@ -425,26 +460,31 @@ def export_best(
         test_batches=datamodule.test_dataloader(sharded=False),
         quantiles=module.quantiles,
         test_loss=tested["test_loss"],
+        calibration=calibration,
     )
 
 
 @torch.inference_mode()
-def forecast_test(trainer: L.Trainer, module: L.LightningModule) -> np.ndarray:
-    """[windows, H, Q] the module's quantile forecasts (normalized units) of every test window,
-    in the test dataset's order: the unsharded loader (rank 0 forecasts them all), under the
-    Trainer's precision, as the test step made them."""
+def forecast_split(
+    trainer: L.Trainer, module: L.LightningModule, split: str = "test"
+) -> tuple[np.ndarray, float | None]:
+    """[windows, H, Q] the module's quantile forecasts (normalized units) of every window of
+    `split` (test or val), in the dataset's order: the unsharded loader (rank 0 forecasts them
+    all), under the Trainer's precision, as the test step made them. And the share of steps
+    whose quantiles crossed (none with model.monotone; a model trained before it may)."""
     datamodule = trainer.datamodule
+    loaders = {"test": datamodule.test_dataloader, "val": datamodule.val_dataloader}
     preds = []
     was_training = module.training
     module.eval()
     with trainer.precision_plugin.forward_context():
-        for batch in datamodule.test_dataloader(sharded=False):  # in order: no shuffle
+        for batch in loaders[split](sharded=False):  # in order: no shuffle
             batch = {k: v.to(module.device) for k, v in batch.items()}
             preds.append(validation_forward(module.model, batch).float().cpu())
     module.train(was_training)
     pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
-    assert len(pred) == len(datamodule.datasets["test"]), "the test loader skipped windows"
-    return pred
+    assert len(pred) == len(datamodule.datasets[split]), f"the {split} loader skipped windows"
+    return pred, crossing_rate(pred)
 
 
 def make_trainer(trainer: DictConfig, **set_by_foxhunt: Any) -> L.Trainer:

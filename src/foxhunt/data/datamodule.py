@@ -224,8 +224,8 @@ class ParquetDataModule(L.LightningDataModule):
             loader.sampler.resume(epoch, batches_done * self.batch_size)
         return loader
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+    def val_dataloader(self, sharded: bool = True) -> DataLoader:
+        return self._loader("val", shuffle=False, sharded=sharded)
 
     def test_dataloader(self, sharded: bool = True) -> DataLoader:
         return self._loader("test", shuffle=False, sharded=sharded)

@@ -436,7 +436,7 @@ def score_baselines(
 ) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
-    test dataset's order; `foxhunt.app.train.forecast_test`) when given. Returns
+    test dataset's order; `foxhunt.app.train.forecast_split`) when given. Returns
     ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
     {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,

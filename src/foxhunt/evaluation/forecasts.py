@@ -4,6 +4,8 @@ to `test_forecasts.parquet` (a walk-forward backtest pools its folds' files)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -11,6 +13,7 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.data.windows import WindowDataset
 
 FORECASTS = "test_forecasts.parquet"
+RAW_PREFIX = "raw_"  # the model's own quantiles before calibration: raw_q0.1, ...
 
 
 def quantile_column(q: float) -> str:
@@ -31,50 +34,76 @@ def quantile_levels(table: pa.Table) -> list[float]:
     return sorted(levels)
 
 
+@dataclass
+class WindowFacts:
+    """What each window of a dataset is, beside its forecast: its instrument, origin and
+    target times, and the realized targets (normalized, as the model forecasts them)."""
+
+    instrument: np.ndarray  # [n] names (object; None for one unnamed series)
+    origin_ns: np.ndarray  # [n] int64: the time of the last encoder row
+    target_ns: np.ndarray  # [n, H] int64
+    actual: np.ndarray  # [n, H] float64, normalized
+
+
+def window_facts(dataset: WindowDataset, schema: DataSchema) -> WindowFacts:
+    start = dataset.starts
+    dec = start[:, None] + dataset.dec_offsets
+    names = schema.groups or [None]
+    return WindowFacts(
+        instrument=np.array([names[g] for g in dataset.group[start].tolist()], dtype=object),
+        origin_ns=dataset.time_ns[start + schema.encoder_length - 1].numpy(),
+        target_ns=dataset.time_ns[dec].numpy(),
+        actual=dataset.target[dec].double().numpy(),
+    )
+
+
 def forecast_table(
     dataset: WindowDataset,
     schema: DataSchema,
     pred: np.ndarray,
     quantiles: list[float],
     baseline: tuple[str, np.ndarray] | None = None,
+    raw: np.ndarray | None = None,
 ) -> pa.Table:
     """`pred` [windows, H, Q] (normalized) in the target's own units: one row per (instrument,
     origin, horizon step) with the actual value, the naive forecast (zero return or last value:
     what directional accuracy measures moves from) and the target's scale (to normalize losses
-    as test_loss is). Quantiles stay as the test scored them (predict sorts crossing ones).
-    `baseline`: (name, its forecasts like `pred`): the strongest baseline's, as columns
-    `baseline` and `baseline_q<level>` (its strategy runs beside the model's)."""
+    as test_loss is). `pred` is the forecast delivered (calibrated); `raw`, the model's own
+    before calibration, as columns `raw_q<level>`. `baseline`: (name, its forecasts like
+    `pred`): the strongest baseline's, as columns `baseline` and `baseline_q<level>` (its
+    strategy runs beside the model's)."""
     n, h = len(dataset), schema.prediction_length
     start = dataset.starts
     scale, center = schema.target_scale, schema.target_center
-    dec = start[:, None] + dataset.dec_offsets
+    facts = window_facts(dataset, schema)
     values = pred.astype(np.float64) * scale + center
-    actual = dataset.target[dec].double().numpy() * scale + center
+    actual = facts.actual * scale + center
     if schema.target_kind == "return":
         naive = np.zeros_like(actual)
     else:
         last = dataset.target[start + schema.encoder_length - 1].double().numpy()
         naive = np.repeat(last[:, None] * scale + center, h, 1)
-    names = schema.groups or [None]
-    instrument = [names[g] for g in dataset.group[start].tolist()]
     utc = pa.timestamp("ns", tz="UTC")
     theirs = {}
+    if raw is not None:
+        own = raw.astype(np.float64) * scale + center
+        theirs |= {
+            RAW_PREFIX + quantile_column(q): own[:, :, j].ravel() for j, q in enumerate(quantiles)
+        }
     if baseline is not None:
         name, forecasts = baseline
         values_b = forecasts.astype(np.float64) * scale + center
-        theirs = {"baseline": pa.array([name] * (n * h), pa.string()).dictionary_encode()}
+        theirs["baseline"] = pa.array([name] * (n * h), pa.string()).dictionary_encode()
         theirs |= {
             f"baseline_{quantile_column(q)}": values_b[:, :, j].ravel()
             for j, q in enumerate(quantiles)
         }
     return pa.table(
         {
-            "instrument": pa.array(np.repeat(instrument, h), pa.string()),
-            "origin_time": pa.array(
-                np.repeat(dataset.time_ns[start + schema.encoder_length - 1].numpy(), h), utc
-            ),
+            "instrument": pa.array(np.repeat(facts.instrument, h), pa.string()),
+            "origin_time": pa.array(np.repeat(facts.origin_ns, h), utc),
             "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
-            "target_time": pa.array(dataset.time_ns[dec].numpy().ravel(), utc),
+            "target_time": pa.array(facts.target_ns.ravel(), utc),
             **{quantile_column(q): values[:, :, j].ravel() for j, q in enumerate(quantiles)},
             "actual": actual.ravel(),
             "naive": naive.ravel(),

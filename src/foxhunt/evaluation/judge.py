@@ -26,7 +26,6 @@ class Judged:
     table: pa.Table  # test_forecasts.parquet: the model's and the strongest baseline's
     summary: dict[str, Any]  # summary.json's metrics (headline), baselines, evaluation, strategy
     equity: dict[str, Any]  # the equity curves to plot
-    test_loss: float | None  # the forecasts' own pooled test loss (equals the test step's)
 
 
 def judge(
@@ -36,20 +35,25 @@ def judge(
     quantiles: list[float],
     eval_cfg: Any,
     seed: int,
+    raw: np.ndarray | None = None,
 ) -> Judged:
-    """Score `pred` ([test windows, H, Q], normalized, in the test dataset's order) beside the
-    baselines fit on the training windows. The headline metrics: the skill against the
-    strongest baseline, its name, the base rate of up moves, the same per instrument, the IC
-    and probabilistic scores."""
+    """Score `pred` ([test windows, H, Q], normalized, in the test dataset's order: the
+    forecasts delivered, calibrated) beside the baselines fit on the training windows; `raw`,
+    the model's own before calibration, goes into the table beside them. The headline
+    metrics: the skill against the strongest baseline, its name, the base rate of up moves,
+    the same per instrument, the IC and probabilistic scores."""
     started = time.perf_counter()
     baselines, test, strongest = score_baselines(
         datasets, schema.target_kind, quantiles, schema.groups, pred, seed
     )
     pooled = test.pop(None, {})
     best = None if strongest is None else (pooled["best_baseline"], strongest)
-    table = forecast_table(datasets["test"], schema, pred, quantiles, best)
+    table = forecast_table(datasets["test"], schema, pred, quantiles, best, raw)
     log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
     headline = {
+        # the forecasts delivered (calibrated), which the skill and by_instrument score; the
+        # model's own is test_loss, the test step's
+        "calibrated_test_loss": pooled.get("test_loss"),
         "skill": pooled.get("skill"),
         "best_baseline": pooled.get("best_baseline"),
         "test_up_share": pooled.get("up_share"),
@@ -68,4 +72,4 @@ def judge(
         "strategy": strategy,
     }
     equity = equity_curves(results, pooled.get("best_baseline"))
-    return Judged(table, summary, equity, pooled.get("test_loss"))
+    return Judged(table, summary, equity)

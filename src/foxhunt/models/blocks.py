@@ -392,3 +392,26 @@ class Highway(nn.Module):
         """last_row [B, inputs], decoder_known [B, H, known] -> [B, H, Q]."""
         out = self.last_row(last_row).unflatten(-1, (self.horizon, -1))  # no fixed batch
         return out if self.known is None else out + self.known(decoder_known)
+
+
+class MonotoneQuantiles(nn.Module):
+    """Quantile outputs that cannot cross, for any weights: the head's value at the median
+    level (the one nearest 0.5) is the median, and each level further out is the one before it
+    plus (below: minus) the softplus of the head's own value there, a gap >= 0 (not in Lim et
+    al., whose independent heads cross; the model's crossing rate before this is measured in
+    docs/evaluation.md). Softplus(0) = 0.69 normalized units apart at initialisation."""
+
+    def __init__(self, num_quantiles: int, median: int) -> None:
+        super().__init__()
+        self.num_quantiles, self.median = num_quantiles, median
+
+    def forward(self, x: Tensor) -> Tensor:
+        """[..., Q] the head's values -> [..., Q] quantiles in increasing order."""
+        if self.num_quantiles == 1:
+            return x
+        m = self.median
+        mid = x[..., m : m + 1]
+        gaps = F.softplus(x)
+        below = mid - gaps[..., :m].flip(-1).cumsum(-1).flip(-1)
+        above = mid + gaps[..., m + 1 :].cumsum(-1)
+        return torch.cat([below, mid, above], dim=-1)

@@ -21,6 +21,7 @@ from foxhunt.models.blocks import (
     GatedResidualNetwork,
     Highway,
     InterpretableMultiHeadAttention,
+    MonotoneQuantiles,
     VariablePrescaler,
     VariableSelectionNetwork,
 )
@@ -44,6 +45,9 @@ class TemporalFusionTransformer(nn.Module):
     per-variable LayerNorms and gates, which bound its embedding: a forecast linear in an
     input's size (an AR(1) return, a predictive column) is then slow to learn (docs/model.md
     measures it). Zero at initialisation, so training starts from the plain TFT.
+
+    ``monotone`` (not in Lim et al.) makes the quantile outputs non-decreasing in the level for
+    any weights (`MonotoneQuantiles`): the quantiles must then be given in increasing order.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class TemporalFusionTransformer(nn.Module):
         variable_dim: int = 16,
         quantiles: Sequence[float] = (0.1, 0.5, 0.9),
         highway: bool = False,
+        monotone: bool = False,
     ) -> None:
         super().__init__()
         if min(num_observed, num_known, num_static_real) < 0:
@@ -82,6 +87,8 @@ class TemporalFusionTransformer(nn.Module):
         self.hidden_dim = hidden_dim
         self.lstm_layers = lstm_layers
         self.quantiles = tuple(float(q) for q in quantiles)
+        if monotone and list(self.quantiles) != sorted(set(self.quantiles)):
+            raise ConfigError(f"monotone quantiles must be increasing, got {self.quantiles}")
         self._gradient_checkpointing = False
         self.num_encoder_vars = num_observed + num_known + 1
         self.num_decoder_vars = num_known + 1
@@ -140,6 +147,10 @@ class TemporalFusionTransformer(nn.Module):
             if highway
             else None
         )
+        median = min(range(len(self.quantiles)), key=lambda i: abs(self.quantiles[i] - 0.5))
+        # quantiles in order by construction (monotone=False: independent heads, as in Lim et
+        # al., the models trained before it)
+        self.monotone = MonotoneQuantiles(len(self.quantiles), median) if monotone else None
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -230,6 +241,8 @@ class TemporalFusionTransformer(nn.Module):
         prediction = self.output_layer(output)
         if self.highway is not None:
             prediction = prediction + self.highway(encoder_cont[:, -1], decoder_known)
+        if self.monotone is not None:
+            prediction = self.monotone(prediction)
 
         if not need_weights:
             return prediction, {}

@@ -77,7 +77,9 @@ class Precision:
         test_batches: Iterable[dict[str, torch.Tensor]],
         quantiles: torch.Tensor,
         test_loss: float,
+        calibration: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Export the best model into `run` (`init`: its constructor arguments; `schema`: the
-        data schema's dict); summary.json's entries about it."""
+        data schema's dict; `calibration`: its `Calibration.to_dict()`, which the export
+        carries); summary.json's entries about it."""
         raise NotImplementedError

@@ -29,16 +29,23 @@ class FP32(Precision):
         test_batches: Iterable[dict[str, torch.Tensor]],
         quantiles: torch.Tensor,
         test_loss: float,
+        calibration: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        export_weights(model, init, run.fp32_export, schema)
+        export_weights(model, init, run.fp32_export, schema, calibration)
         return {"export": str(run.fp32_export)}
 
 
-def export_weights(model: TemporalFusionTransformer, init: dict, path: Path, schema: dict) -> int:
-    """The float32 model as a safetensors file (its state dict) with the constructor arguments
-    and the data schema as JSON metadata: what `foxhunt.load` and any safetensors reader need.
-    Returns its size in bytes."""
-    meta = {"format": FP32_FORMAT, "init": init, "schema": schema}
+def export_weights(
+    model: TemporalFusionTransformer,
+    init: dict,
+    path: Path,
+    schema: dict,
+    calibration: dict[str, Any] | None = None,
+) -> int:
+    """The float32 model as a safetensors file (its state dict) with the constructor arguments,
+    the data schema and the calibration as JSON metadata: what `foxhunt.load` and any
+    safetensors reader need. Returns its size in bytes."""
+    meta = {"format": FP32_FORMAT, "init": init, "schema": schema, "calibration": calibration}
     return write_export(path, model.state_dict(), meta)
 
 

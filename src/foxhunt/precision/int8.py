@@ -77,9 +77,12 @@ class Int8(Precision):
         test_batches: Iterable[dict[str, torch.Tensor]],
         quantiles: torch.Tensor,
         test_loss: float,
+        calibration: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         path = run.int8_export
-        scored = export_and_score_int8(model, init, schema, test_batches, quantiles, path)
+        scored = export_and_score_int8(
+            model, init, schema, test_batches, quantiles, path, calibration
+        )
         return {"export": str(path), "fp32_equivalent_test_loss": test_loss, **scored}
 
 

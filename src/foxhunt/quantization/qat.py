@@ -234,11 +234,13 @@ def export_int8(
     init: dict[str, Any],
     path: Path,
     schema: dict[str, Any] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> int:
     """Write the int8 export of a QAT model; returns its size in bytes. `init` are the
     constructor arguments of the TFT (so `load_int8` needs nothing else); `schema`, the data
-    schema (`DataSchema.to_dict()`: columns and normalization), lets `foxhunt.load` predict
-    from the export alone; `load_int8` ignores it."""
+    schema (`DataSchema.to_dict()`: columns and normalization), and `calibration` (the run's
+    `Calibration.to_dict()`) let `foxhunt.load` predict from the export alone; `load_int8`
+    ignores them."""
     weights: dict[str, Any] = {}
     quantized = set()
     for name, module, stacked in _quantized_weights(model):
@@ -287,6 +289,7 @@ def export_int8(
         "format": INT8_FORMAT,
         "init": init,
         "schema": schema,
+        "calibration": calibration,
         "int8": {
             k: {"shape": list(e["shape"]), "stacked": e["stacked"]} for k, e in weights.items()
         },

@@ -22,11 +22,13 @@ def export_and_score_int8(
     test_batches: Iterable[dict[str, torch.Tensor]],
     quantiles: torch.Tensor,
     path: Path,
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Export the (best) QAT model as int8 to `path` and score it on `test_batches`."""
+    """Export the (best) QAT model as int8 to `path` (with its calibration) and score it on
+    `test_batches`."""
     qat_model = qat_model.eval()
     set_qat_phase(qat_model, observe=False, fake_quant=True)
-    int8_bytes = export_int8(qat_model, init, path, schema=schema)
+    int8_bytes = export_int8(qat_model, init, path, schema=schema, calibration=calibration)
     fp32_bytes = len(safetensors_bytes(TemporalFusionTransformer(**init).state_dict()))
     int8_model = load_int8(path)
     quantiles = quantiles.cpu()

@@ -49,6 +49,14 @@ def read_checkpoint_hparams(ckpt_path: str | Path) -> tuple[Path, dict[str, Any]
     return path, ckpt["hyper_parameters"], ckpt
 
 
+def annotate_checkpoint(ckpt_path: str | Path, **entries: Any) -> None:
+    """Add top-level entries (plain containers) to a written checkpoint, atomically: what a
+    run learns about its best model after training (the calibration)."""
+    path, ckpt = read_checkpoint(ckpt_path)
+    ckpt.update(entries)
+    write_atomic(path, lambda f: torch.save(ckpt, f))
+
+
 def load_module(ckpt: dict[str, Any], **model_changes: Any) -> TFTModule:
     """The TFTModule of a loaded checkpoint, in eval mode (Lightning's `load_from_checkpoint`
     would read the file again, with its own loader)."""

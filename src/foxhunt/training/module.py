@@ -42,6 +42,7 @@ class ModelHparams(TypedDict):
     variable_dim: int
     quantiles: list[float]
     highway: NotRequired[bool]
+    monotone: NotRequired[bool]
     compile: NotRequired[bool]
 
 
@@ -82,6 +83,7 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "variable_dim": model["variable_dim"],
         "quantiles": list(model["quantiles"]),
         "highway": model.get("highway", False),  # checkpoints before it have none
+        "monotone": model.get("monotone", False),  # nor before this
     }
 
 

@@ -1,0 +1,92 @@
+"""A training run's calibration end to end: fitted on its validation windows alone, reported in
+summary.json, carried by the best checkpoint and the exports, applied by foxhunt.load."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import foxhunt
+from foxhunt.app.train import train
+from foxhunt.errors import ConfigError
+from foxhunt.files import read_export
+from tests.helpers import compose_train, make_table, tiny_overrides, write_table
+
+BRIEF = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
+
+
+def _run(tmp_path, name: str, cols: dict, *extra: str) -> dict:
+    path = write_table(tmp_path / f"{name}.parquet", cols)
+    cfg = compose_train(*tiny_overrides(path, *BRIEF, "trainer.deterministic=true", *extra))
+    return train(cfg, tmp_path / name)
+
+
+def test_the_calibration_is_fitted_without_the_test_targets(tmp_path):
+    cols = make_table({"AAA": 400, "BBB": 300})
+    first = _run(tmp_path, "first", cols)
+    test_start = np.datetime64(first["splits"]["cuts"]["test_start"].rstrip("Z"), "ns")
+    later = cols["timestamp"] >= test_start.astype(np.int64)
+    assert 0 < later.sum() < len(later)
+    changed = dict(cols, y=np.where(later, cols["y"] * 3 + 1, cols["y"]))
+    second = _run(tmp_path, "second", changed)
+    offsets = [
+        torch.load(s["best_checkpoint"], weights_only=True)["calibration"]["offsets"]
+        for s in (first, second)
+    ]
+    assert offsets[0] == offsets[1]  # not one offset moved
+    assert first["calibration"]["calibration_windows"] > 0
+    # while the test figures, which the changed targets enter, did move
+    coverage = [s["calibration"]["after"]["intervals"][0]["coverage"] for s in (first, second)]
+    assert coverage[0] != coverage[1]
+
+
+def test_a_run_reports_its_calibration_and_every_file_carries_it(tmp_path):
+    summary = _run(tmp_path, "run", make_table({"AAA": 400, "BBB": 400}))
+    cal = summary["calibration"]
+    assert cal["method"] == "aci" and cal["fitted_on"] == "validation"  # the default
+    assert set(cal["methods"]) == {"cqr", "aci"}
+    for figures in (cal["before"], cal["after"]):
+        outer = figures["intervals"][0]
+        assert outer["levels"] == [0.1, 0.9] and outer["nominal"] == 0.8
+        assert len(outer["coverage_by_horizon"]) == 4
+        assert set(outer["coverage_by_instrument"]) == {"AAA", "BBB"}
+        assert {"pinball", "crps", "share_below"} <= set(figures) and outer["width"] > 0
+    assert cal["crossing_rate"] == cal["crossing_rate_model"] == 0.0  # monotone by construction
+    assert cal["verdict"] in ("better", "worse", "mixed")
+    # the forecasts delivered are the calibrated ones, the model's own beside them
+    table = pq.read_table(tmp_path / "run" / "test_forecasts.parquet")
+    assert {"q0.1", "raw_q0.1", "raw_q0.9"} <= set(table.column_names)
+    delivered, raw = table["q0.9"].to_numpy(), table["raw_q0.9"].to_numpy()
+    assert not np.allclose(delivered, raw)
+    np.testing.assert_array_equal(table["q0.5"].to_numpy(), table["raw_q0.5"].to_numpy())
+
+    stored = torch.load(summary["best_checkpoint"], weights_only=True)["calibration"]
+    assert stored["offsets"]["*"] == cal["offsets_by_horizon"]
+    assert read_export(summary["export"])[1]["calibration"] == json.loads(json.dumps(stored))
+    for source in (summary["best_checkpoint"], summary["export"]):
+        predictor = foxhunt.load(source)
+        assert predictor.calibration.method == "aci"
+        assert predictor.calibration.offsets["*"].tolist() == stored["offsets"]["*"]
+
+
+def test_calibration_none_delivers_the_model_s_own_quantiles(tmp_path):
+    summary = _run(tmp_path, "run", make_table({"AAA": 400}), "calibration.method=none")
+    table = pq.read_table(tmp_path / "run" / "test_forecasts.parquet")
+    np.testing.assert_array_equal(table["q0.9"].to_numpy(), table["raw_q0.9"].to_numpy())
+    cal = summary["calibration"]
+    assert cal["method"] == "none" and cal["after"] == cal["before"]
+    assert "cqr" in cal["methods"]  # what it would have done, for the user to judge
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [("calibration.gamma=0", "calibration.gamma"), ("calibration.min_windows=0", "min_windows")],
+)
+def test_bad_calibration_settings_are_one_line(tmp_path, override, message):
+    path = write_table(tmp_path / "bars.parquet", make_table({"AAA": 100}))
+    with pytest.raises(ConfigError, match=message):
+        train(compose_train(*tiny_overrides(path, override)), tmp_path / "run")
