@@ -11,7 +11,7 @@ import torch
 
 from foxhunt.app.train import train
 from foxhunt.errors import FoxhuntError
-from foxhunt.memory import MB, estimate
+from foxhunt.memory import MB, estimate, search
 from foxhunt.memory.budget import LiveTensorBytes, cuda_fraction, live_tensors
 from tests.helpers import SMALL_MODEL, compose_train, make_table, tiny_overrides, write_table
 
@@ -235,3 +235,21 @@ def test_oom_in_validation_backs_off_and_gives_the_same_metrics(tmp_path, long_t
     assert lowered["metrics"]["val_loss"] == pytest.approx(
         reference["metrics"]["val_loss"], rel=1e-5
     )
+
+
+def test_the_search_s_first_guess_traces_no_batch_beyond_its_cap(monkeypatch):
+    """The estimate only seeds the trials, which stop at max_batch_size: tracing beyond it cost
+    the gpu_check's CPU dry run 28 s of its 34 s search."""
+    cfg = compose_train("memory=search", "memory.batch_size_search.max_batch_size=8")
+    limits = []
+    real = search.max_batch_size
+
+    def spy(*args, **kwargs):
+        limits.append(kwargs["limit"])
+        best, peaks = real(*args, **kwargs)
+        assert max(peaks) <= 8
+        return best, peaks
+
+    monkeypatch.setattr(search, "max_batch_size", spy)
+    assert search.BatchSizeSearch(cfg)._seed(4096, "both", torch.device("cpu"), 8) == 8
+    assert limits == [8]

@@ -121,6 +121,7 @@ def _calibration(path: Path, fitted: Any, method: str | None) -> Calibration | N
                 "calibration, or not a run's best checkpoint): predict from the run's best-*.ckpt "
                 "or its model_*.safetensors export"
             )
+        log.info("predict: %s carries no calibration; the model's own quantiles, in order", path)
         return None
     if method is not None:
         found.method = method

@@ -95,7 +95,7 @@ class BatchSizeSearch(L.Callback):
 
         saved = _Snapshot(module, trainer.optimizers)
         try:
-            seed = self._seed(budget_mb, "both", device)
+            seed = self._seed(budget_mb, "both", device, cap)
             val_size: Callable[[int], int | None] = (
                 (lambda b: None) if separate_val else (lambda b: fixed_val or b)
             )
@@ -112,7 +112,7 @@ class BatchSizeSearch(L.Callback):
                 )
             val_best = fixed_val or best
             if separate_val:
-                val_seed = self._seed(budget_mb, "val", device)
+                val_seed = self._seed(budget_mb, "val", device, val_cap)
                 val_best = largest_fitting(
                     lambda b: self._trial(module, trainer, None, val_set, None, b),
                     val_seed,
@@ -139,9 +139,13 @@ class BatchSizeSearch(L.Callback):
     def _fit_at(self, b: int) -> bool:
         return any(t["batch_size"] == b and t["fits"] for t in self.trials)
 
-    def _seed(self, budget_mb: float, step: str, device: torch.device) -> int:
+    def _seed(self, budget_mb: float, step: str, device: torch.device, cap: int) -> int:
+        """The estimator's largest fitting batch size, the trials' first guess; no trace
+        beyond the trials' cap (each is seconds on a CPU)."""
         try:
-            best, _ = max_batch_size(self.cfg, budget_mb, step=step, device=device.type)
+            best, _ = max_batch_size(
+                self.cfg, budget_mb, step=step, device=device.type, limit=max(cap, 1)
+            )
             return max(best, 1)
         except ConfigError:  # the estimate says nothing fits: let the trials say it for real
             return 1
