@@ -329,7 +329,10 @@ def test_the_consumer_forecasts_as_predict_py(model, all_windows, request, tmp_p
     )
 
 
-@pytest.mark.parametrize("all_windows", [False, True])
+@pytest.mark.parametrize(
+    "all_windows",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # the fast tier < 120 s
+)
 @pytest.mark.parametrize("method", ["cqr", "aci"])
 def test_the_consumer_calibrates_as_predict_py(plain, method, all_windows, tmp_path):
     """model.json's calibration applied by the consumer: predict.py's forecasts within 1e-5

@@ -119,6 +119,7 @@ def run_interpret(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # 9 s: the fast tier stays under 120 s
 def test_cli_interprets_a_checkpoint_and_rejects_a_missing_one(trained, tmp_path):
     # no data overrides: the data config comes from the checkpoint's run (.hydra/config.yaml)
     run_dir = trained["run_dir"]

@@ -166,6 +166,7 @@ def test_parts_add_up_and_parameter_bytes_are_the_models(es_sample):
     assert d["train_peak_mb"] == pytest.approx(sum(d["train_breakdown_mb"].values()), abs=0.5)
 
 
+@pytest.mark.slow  # seven FakeTensor traces: 7 s; the fast tier stays under 120 s
 def test_monotone_in_batch_size(es_sample):
     cfg = small(es_sample)
     # past one variable per fused-VSN chunk, the chunk temporaries grow with the batch too
