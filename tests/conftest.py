@@ -117,12 +117,3 @@ def es_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from foxhunt.data.sample import make_es_sample
 
     return make_es_sample(tmp_path_factory.mktemp("es") / "ES_FUT_tiny.parquet", days=12)
-
-
-@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, which it keeps otherwise
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with slow tests first: `--dist loadfile` hands files to the workers in this
-    order, and a minute-long file (the positive controls) that starts last leaves the other
-    worker idle while it runs."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
