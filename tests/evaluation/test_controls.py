@@ -63,6 +63,6 @@ def test_score_reads_the_oracle_as_all_and_no_information_as_nothing(tmp_path, n
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["observed"])  # the others: test_controls_<name>.py
+@pytest.mark.parametrize("name", ["observed", "known"])  # the others: test_controls_more.py
 def test_the_default_recipe_finds_what_is_planted(tmp_path, name):
     check_control(tmp_path, name)
