@@ -679,7 +679,7 @@ def _calibration_line(cal: dict[str, Any]) -> str:
         f"calibration ({cal['method']}): the {lo:g}-{hi:g} interval held {b['coverage']:.1%} "
         f"-> {a['coverage']:.1%} of the test targets (nominal {b['nominal']:.0%}), width "
         f"{b['width']:.3g} -> {a['width']:.3g}, pinball {cal['before']['pinball']:.4f} -> "
-        f"{cal['after']['pinball']:.4f}: {cal['verdict']}"
+        f"{cal['after']['pinball']:.4f}: {cal['verdict'] or 'not calibrated'}"
     )
 
 
