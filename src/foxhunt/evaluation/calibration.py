@@ -31,7 +31,7 @@ own units)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,7 +102,6 @@ class Calibration:
     windows: dict[str, int]  # key -> calibration windows it was fitted on
     gamma: float = 0.005
     fitted_on: str = "validation"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def alphas(self) -> np.ndarray:
