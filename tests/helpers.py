@@ -264,16 +264,24 @@ def wait_for(path_glob: str, root: Path, proc: subprocess.Popen, timeout: float 
     raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
 
 
-def train_until_a_checkpoint(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
-    """scripts/train.py running in the background, once its first last.ckpt is written."""
+def start_until(
+    script: str, args: list[str], cwd: Path, path_glob: str
+) -> tuple[subprocess.Popen, Path]:
+    """scripts/<script> running in the background, once a file `path_glob` (under `cwd`) is
+    there."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        [sys.executable, str(ROOT / "scripts" / script), *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    return proc, wait_for("outputs/*/*/checkpoints/last.ckpt", cwd, proc)
+    return proc, wait_for(path_glob, cwd, proc)
+
+
+def train_until_a_checkpoint(args: list[str], cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """scripts/train.py running in the background, once its first last.ckpt is written."""
+    return start_until("train.py", args, cwd, "outputs/*/*/checkpoints/last.ckpt")
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ LAYERS = [
             "app.sweep",
             "app.export",
             "app.backtest",
+            "app.tune",
+            "app.tune_report",
         },
     ),
     ("entry points", {"app.cli", "app.predict_cli", ""}),  # what scripts/*.py call

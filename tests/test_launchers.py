@@ -1,23 +1,18 @@
-"""The sweep plugins (pip install -e ".[sweeps]"): Optuna search, joblib's parallel jobs, and the
-SLURM launcher config. Each test is skipped when its plugin is not installed."""
+"""The sweep plugins (pip install -e ".[sweeps]"): joblib's parallel jobs and the SLURM launcher
+config (an Optuna study: tests/test_tune.py). Each test is skipped when its plugin is not
+installed."""
 
 from __future__ import annotations
 
 import csv
-import itertools
-import math
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from foxhunt.config import register_configs
 from tests.helpers import CONF, run_cli, tiny_overrides
-
-SEARCHED = {"model.hidden_dim", "model.num_heads", "model.dropout", "optim.lr"}
 
 
 def compose_with_hydra(*overrides: str):
@@ -33,50 +28,6 @@ def summary_rows(sweep_dir: Path) -> list[dict[str, str]]:
 
 def overrides(row: dict[str, str]) -> dict[str, str]:
     return dict(o.split("=", 1) for o in row["overrides"].split())
-
-
-def choices(sweep: str) -> list[int]:
-    override = OverridesParser.create().parse_override(f"key={sweep}")
-    return list(override.sweep_iterator())
-
-
-def test_optuna_search_space_has_no_invalid_combination():
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    cfg = compose_with_hydra("hparams_search=optuna_tft")
-    sweeper = cfg.hydra.sweeper
-    assert sweeper._target_.endswith("OptunaSweeper")
-    assert sweeper.direction == "minimize" and sweeper.sampler.seed is not None
-    assert set(sweeper.params) == SEARCHED
-    # an invalid trial would be a wasted one (it returns inf)
-    dims = choices(sweeper.params["model.hidden_dim"])
-    heads = choices(sweeper.params["model.num_heads"])
-    assert all(d % h == 0 for d, h in itertools.product(dims, heads))
-
-
-@pytest.mark.slow
-def test_optuna_search_finds_best_params(tmp_path, table_path):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    sweep_dir = tmp_path / "search"
-    result = run_cli(
-        *tiny_overrides(table_path, "trainer.max_epochs=1", "model.variable_dim=4"),
-        "hparams_search=optuna_tft",  # multirun without -m: the config sets hydra.mode
-        "hydra.sweeper.n_trials=3",
-        "model.hidden_dim=choice(8,16)",  # a command-line sweep replaces the config's range
-        "model.num_heads=choice(2,4)",
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=tmp_path,
-        own_process=True,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
-    assert set(best.best_params) == SEARCHED
-    assert best.best_params["model.hidden_dim"] in (8, 16)
-    assert 1e-4 <= best.best_params["optim.lr"] <= 1e-2
-    rows = summary_rows(sweep_dir)
-    assert len(rows) == 3 and all(r["status"] == "ok" for r in rows)
-    # what each job returned is what Optuna ranked
-    assert best.best_value == pytest.approx(min(float(r["metric"]) for r in rows))
-    assert all(not math.isnan(float(r["metric"])) for r in rows)
 
 
 @pytest.mark.slow

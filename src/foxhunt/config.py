@@ -33,6 +33,7 @@ Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
 BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
 Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
+Pruner = StrEnum("Pruner", ["median", "halving", "none"])  # a tuning study's (Optuna's)
 # sign: one unit long or short by the median forecast; scaled: median / predicted spread, +-1
 StrategyRule = StrEnum("StrategyRule", ["sign", "scaled"])
 # none: the model's quantiles as they are (in order); cqr: conformal offsets fitted on the
@@ -297,6 +298,26 @@ class BacktestConfig:
 
 
 @dataclass
+class TuneConfig:
+    """An Optuna study over walk-forward validation periods (`foxhunt.app.tune`)."""
+
+    trials: int = 20  # finished trials (completed or pruned) the study ends with
+    jobs: int = 1  # worker processes on this machine, sharing the study
+    # validation periods, each val_span bars, ending where the backtest's first test period
+    # starts: a trial trains and validates once per period, reading nothing later
+    folds: int = 3
+    storage: str | None = None  # an RDB URL (postgresql://...); None: a journal file
+    study: str | None = None  # None: named after the command's overrides
+    dir: str = "outputs/tune"  # the studies' directories (journal, trials, refit, report)
+    pruner: Pruner = Pruner.median
+    startup_trials: int = 5  # trials before the sampler models and the pruner prunes
+    refit: bool = True  # then the best configuration refit per backtest fold and tested
+    worker: int | None = None  # a multirun's job (-m tune.worker=0,1,...): it searches only
+    heartbeat_s: float = 30.0  # how often a running trial says it is alive
+    grace_s: float = 300.0  # a running trial silent this long is dead (re-run on resume)
+
+
+@dataclass
 class EvalConfig:
     """How a run's test forecasts are judged (`foxhunt.evaluation.quality`)."""
 
@@ -332,6 +353,8 @@ class TrainConfig:
     optimized_metric: Metric = Metric.val_loss  # what train.py returns to a Hydra sweeper
     report: bool = True  # report.md, interpretation.json and plots in the run directory
     backtest: BacktestConfig | None = None  # walk-forward folds: conf/backtest.yaml
+    tune: TuneConfig | None = None  # a tuning study: conf/tune.yaml
+    tune_space: dict[str, Any] | None = None  # its search space: conf/tune_space/<option>.yaml
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
@@ -486,7 +509,8 @@ def validate(cfg: Any) -> None:
     given = [k for k in keys if times[k] is not None]
     for a, b in itertools.pairwise(given):
         _check(
-            times[a] <= times[b] and (times[a] < times[b] or b != "test_end"),
+            # test_start = test_end: no test period (validation only; nothing from there read)
+            times[a] <= times[b] and (times[a] < times[b] or b != "test_end" or a == "test_start"),
             f"data.split.{a}={getattr(sp, a)} is "
             f"{'after' if times[a] > times[b] else 'not before'} data.split.{b}={getattr(sp, b)}",
         )

@@ -154,11 +154,17 @@ class ShareCpus(L.Callback):
     def __init__(self, fixed: bool = False) -> None:
         self.fixed = fixed
         self.share: CpuShare | None = None
+        self.found = 0  # the thread count at setup
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         cpu = trainer.strategy.root_device.type == "cpu"
         if self.share is None and cpu and trainer.world_size == 1 and not (off() or self.fixed):
             self.share = CpuShare()
+            self.found = torch.get_num_threads()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.share is not None:  # the process's count as the run found it (the next run
+            torch.set_num_threads(self.found)  # in this process, a study's, starts from it)
 
     def _update(self, *args: object) -> None:
         if self.share is not None:

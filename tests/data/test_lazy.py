@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from foxhunt.app.predict import build_windows
+from foxhunt.config import SplitConfig
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import CONSTANT
-from foxhunt.data.splits import Moments, mean_std
+from foxhunt.data.splits import Moments, iso_time, mean_std
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.controls import make_control
 from tests.helpers import (
@@ -383,3 +384,26 @@ def test_a_positive_controls_panel_gives_the_same_windows_lazily(tmp_path):
     lazy_dm = setup(lazy_cfg)
     assert lazy_dm.store_path is not None and "signal" in eager_dm.schema.observed
     assert_same(eager_dm, lazy_dm)
+
+
+@pytest.mark.parametrize("layout", [per_instrument, per_month])
+def test_a_run_without_a_test_period_reads_nothing_from_its_end(tmp_path, data_cfg, cols, layout):
+    """data.split.test_start = test_end (a tuning study's fold): every instrument, whatever
+    its history, is cut there as it is read, eagerly and lazily; a NaN target after the cut is
+    never seen."""
+    times = np.unique(cols["timestamp"])
+    cut = int(times[180])  # inside every instrument's history (200 to 300 bars)
+    spoiled = dict(cols, y=np.where(cols["timestamp"] >= cut, np.nan, cols["y"]))
+    path = layout(tmp_path / "data", spoiled)
+    split = SplitConfig(val_start=iso_time(int(times[130])), test_start=iso_time(cut))
+    split.test_end = split.test_start
+    eager_dm = setup(with_(data_cfg, path=str(path), lazy=False, split=split))
+    assert_same(eager_dm, setup(lazy(with_(data_cfg, split=split), path, tmp_path)))
+    assert len(eager_dm.datasets["test"]) == 0 and len(eager_dm.datasets["val"]) > 0
+    assert int(eager_dm.datasets["val"].time_ns.max()) < cut
+    with pytest.raises(DataError, match="NaN/inf values"):  # the cut is what spares them
+        setup(
+            with_(
+                data_cfg, path=str(path), lazy=False, split=SplitConfig(test_start=split.test_end)
+            )
+        )

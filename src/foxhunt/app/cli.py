@@ -65,7 +65,7 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
             print(f"error: {exc}", file=sys.stderr)
             if _in_multirun() and not isinstance(exc, WriteError):
                 # one invalid combination fails its job, not the sweep; the summary shows it.
-                # inf, not NaN: the Optuna sweeper aborts the study on a NaN, and every
+                # inf, not NaN: a sweeper (Nevergrad, Ax) may abort on a NaN, and every
                 # optimized_metric is a loss (minimised)
                 _record_status("invalid", str(exc))
                 return float("inf")
@@ -113,7 +113,7 @@ def _one_line(exc: Exception) -> str:
 def _jobs(overrides: list[str]) -> list[list[str]]:
     """The override lists of the jobs a command line makes: one, or a sweep's combinations
     (with -m, or a config that sets hydra.mode=MULTIRUN; sweeps a sweeper expands itself, such
-    as Optuna's intervals, are left to it)."""
+    as an interval, are left to it)."""
     choices = []
     for o in OverridesParser.create().parse_overrides(overrides):
         if not o.is_sweep_override():

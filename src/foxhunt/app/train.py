@@ -34,13 +34,13 @@ from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
-from foxhunt.errors import ConfigError
+from foxhunt.errors import ConfigError, DataError
 from foxhunt.evaluation.calibration import Calibration, calibrate_run, crossing_rate
-from foxhunt.evaluation.forecasts import FORECASTS, window_facts
+from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, window_facts
 from foxhunt.evaluation.judge import judge
 from foxhunt.evaluation.quality import EQUITY_PLOT
 from foxhunt.evaluation.stats import pinball_per_quantile
-from foxhunt.evaluation.strategy import plot_equity
+from foxhunt.evaluation.strategy import PORTFOLIO, backtest_strategy, plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
@@ -183,13 +183,16 @@ def train(
     extra_callbacks: Sequence[L.Callback] = (),
     overrides: Sequence[str] = (),
     init_weights: Path | None = None,
+    test: bool = True,
 ) -> dict[str, Any]:
     """Fit and test the configured TFT in `run_dir`; return the summary written there.
     `overrides` (the command line's) identify the experiment for `resume=auto`;
     `init_weights`: a checkpoint whose weights (not its optimizer or epoch) this run starts
-    from, unless it resumes (a walk-forward fold fine-tuned from the previous fold's best)."""
+    from, unless it resumes (a walk-forward fold fine-tuned from the previous fold's best).
+    `test=False`: fit and judge the best model on the validation windows alone (a tuning
+    study's fold, whose data ends where its test period would start)."""
     with _torch_flags_kept():  # trainer.deterministic=true sets them for the whole process
-        return _train(cfg, run_dir, extra_callbacks, overrides, init_weights)
+        return _train(cfg, run_dir, extra_callbacks, overrides, init_weights, test)
 
 
 def _train(
@@ -198,22 +201,23 @@ def _train(
     extra_callbacks: Sequence[L.Callback],
     overrides: Sequence[str],
     init_weights: Path | None,
+    test: bool,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     run = prepare(cfg, run_dir)
     precision = precision_of(cfg)  # chosen once; its settings checked before any data is read
     resumed = resume_point(cfg, run, overrides, precision)
     parts = assemble(cfg, run, resumed, precision, extra_callbacks, init_weights)
-    fitted = fit_and_test(cfg, parts, resumed.ckpt_path)
+    fitted = fit_and_test(cfg, parts, resumed.ckpt_path, test)
     origin = {
         "resumed_from": str(resumed.ckpt_path) if resumed.ckpt_path else None,
         "initialized_from": str(init_weights) if init_weights else None,
     }
-    summary = finish(cfg, run, parts, fitted, origin)
+    summary = (finish if test else finish_validation)(cfg, run, parts, fitted, origin)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if parts.trainer.is_global_zero:  # under DDP every process has the summary; one writes it
         write_json(run.summary, summary)
-        if cfg.report:  # after the summary: nothing here can lose it
+        if cfg.report and test:  # after the summary: nothing here can lose it
             _report(cfg, run.path, summary, parts.module, parts.datamodule)
     parts.trainer.strategy.barrier("summary")  # the other processes end with rank 0
     return summary
@@ -316,9 +320,11 @@ def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
     return module
 
 
-def fit_and_test(cfg: DictConfig, parts: Assembled, ckpt_path: Path | None) -> Fitted:
-    """Fit (from `ckpt_path` when resuming) and test the best checkpoint, under the memory
-    policy's budget."""
+def fit_and_test(
+    cfg: DictConfig, parts: Assembled, ckpt_path: Path | None, test: bool = True
+) -> Fitted:
+    """Fit (from `ckpt_path` when resuming) and test the best checkpoint (unless not `test`),
+    under the memory policy's budget."""
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     if trainer.world_size > 1:
         _before_other_processes(cfg, trainer, ckpt_path)
@@ -340,7 +346,9 @@ def fit_and_test(cfg: DictConfig, parts: Assembled, ckpt_path: Path | None) -> F
         # read before test(): restoring the best checkpoint there resets the callback's paths
         best, last = parts.checkpoint.best_model_path, parts.latest.best_model_path
         best_score, ended = parts.checkpoint.best_model_score, parts.outcome.outcome(trainer)
-        tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+        tested = {}
+        if test:
+            tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     return Fitted(best, last, _float(best_score), ended, tested)
 
 
@@ -372,6 +380,44 @@ def finish(
     return summary
 
 
+def finish_validation(
+    cfg: DictConfig, run: RunDir, parts: Assembled, fitted: Fitted, origin: dict[str, Any]
+) -> dict[str, Any]:
+    """summary.json of a run without a test period: its figures, and (rank 0) the best
+    model's validation forecasts traded by the costed strategy of `eval` (its per-bar
+    portfolio returns: what a tuning study's selection statistics are computed from)."""
+    trainer, datamodule, module = parts.trainer, parts.datamodule, parts.module
+    summary = {"run_dir": str(run.path), **origin, **_run_figures(cfg, parts, fitted)}
+    summary["metrics"] = {"val_loss": fitted.best_score}
+    if trainer.is_global_zero and fitted.best:
+        module.load_state_dict(read_checkpoint_hparams(fitted.best)[2]["state_dict"])
+        pred, _ = forecast_split(trainer, module, "val")
+        table = forecast_table(
+            datamodule.datasets["val"], datamodule.schema, pred, list(cfg.model.quantiles)
+        )
+        summary["validation"] = portfolio_returns(table, datamodule.schema.target_kind, cfg.eval)
+    summary["splits"] = datamodule.splits
+    summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
+    return summary
+
+
+def portfolio_returns(table: Any, target_kind: str, e: Any) -> dict[str, Any]:
+    """The costed strategy's portfolio on a forecast table: its Sharpe ratio and per-bar net
+    returns with their times (int64 ns), or {skipped: why} for a level that is no price."""
+    try:
+        result = backtest_strategy(table, str(e.strategy), e.cost_bps, target_kind)
+    except DataError as why:
+        return {"skipped": str(why)}
+    times, curve = result.curves[PORTFOLIO]
+    net = np.diff(np.r_[0.0, curve])  # the curve is the running sum of the net returns
+    return {
+        "sharpe": result.portfolio["sharpe"],
+        "bars": len(net),
+        "time_ns": times.tolist(),
+        "net": net.tolist(),
+    }
+
+
 def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str, Any]:
     trainer, datamodule, schema = parts.trainer, parts.datamodule, parts.datamodule.schema
     tested = fitted.tested
@@ -391,11 +437,11 @@ def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str,
         "quantiles": list(cfg.model.quantiles),
         "metrics": {
             "val_loss": fitted.best_score,
-            "test_loss": tested["test_loss"],
-            "test_mae": tested["test_mae"],
-            "test_directional_accuracy": tested["test_directional_accuracy"],
-            "test_coverage": tested["test_coverage"],
-            "baseline_test_loss": tested["test_baseline_loss"],
+            "test_loss": tested.get("test_loss"),
+            "test_mae": tested.get("test_mae"),
+            "test_directional_accuracy": tested.get("test_directional_accuracy"),
+            "test_coverage": tested.get("test_coverage"),
+            "baseline_test_loss": tested.get("test_baseline_loss"),
         },
     }
 

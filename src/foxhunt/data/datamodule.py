@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
-from foxhunt.data.read import bar_step, read_data, timeline
+from foxhunt.data.read import bar_step, read_data, read_end, timeline
 from foxhunt.data.schema import DataSchema, constant_features, drop_features
 from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import SPLITS, calendar_cuts
@@ -143,7 +143,10 @@ class ParquetDataModule(L.LightningDataModule):
     def _make_datasets(self, schema: DataSchema, arrays: WindowArrays, instruments: int) -> None:
         cfg = self.cfg
         for split in SPLITS:
-            if len(arrays.starts[split]) == 0 and (split == "train" or _fraction(cfg, split) > 0):
+            wanted = split == "train" or _fraction(cfg, split) > 0
+            if split == "test" and read_end(cfg) is not None:
+                wanted = False  # a study's fold: validation only, nothing read beyond it
+            if len(arrays.starts[split]) == 0 and wanted:
                 cuts = self.splits["cuts"]
                 raise DataError(
                     f"the {split} split has no complete window (validation from "

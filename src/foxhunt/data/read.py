@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from foxhunt.config import parse_time
 from foxhunt.data.columns import OHLCV_FIELDS, ColumnPlan, check_files, column_plan, is_numeric
 from foxhunt.data.features import derive_features
 from foxhunt.data.futures import Roll, continuous_table
@@ -306,6 +307,8 @@ def load_table(table: pa.Table, cfg: Any) -> Loaded:
 def from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
     """The series of a table in the common types (with data.futures: one per root)."""
     cfg = plan.cfg
+    if (end := read_end(cfg)) is not None:
+        table = table.filter(pa.array(time_ns_of(table, cfg) < end))
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")
 
@@ -324,6 +327,16 @@ def from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
             make_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
         )
     return Loaded.of(plan, series, rolls)
+
+
+def read_end(cfg: Any) -> int | None:
+    """Where a run without a test period (data.split.test_start = test_end: a tuning study's
+    fold, `foxhunt.app.tune`) stops reading (int64 ns): the rows from there on are dropped as
+    they are read, before any check of their values, so no later target is ever seen."""
+    split = getattr(cfg, "split", None)
+    if split is None or split.test_end is None or split.test_end != split.test_start:
+        return None
+    return parse_time("data.split.test_end", split.test_end)
 
 
 def futures_enabled(cfg: Any) -> bool:

@@ -31,6 +31,7 @@ from foxhunt.data.read import (
     group_codes,
     make_series,
     projection,
+    read_end,
     read_file,
     root_column,
     root_of,
@@ -188,6 +189,9 @@ def _read_series(plan: ColumnPlan, name: str, layout: _Layout, spill: _Spill) ->
     t = _concat(times)
     values = {c: _concat([cols[c] for cols in columns]) for c in plan.values}
     del times, columns
+    if (end := read_end(cfg)) is not None:  # a study's fold: nothing from its end on
+        keep = t < end
+        t, values = t[keep], {c: v[keep] for c, v in values.items()}
     return make_series(plan, name, t, values, locate)
 
 

@@ -1,0 +1,690 @@
+"""scripts/tune.py: an Optuna study over walk-forward validation periods, pruned per fold and
+epoch, in a storage several processes and machines share; then the winner refit on every
+backtest fold and scored once on the test periods, beside the strongest baseline, with the
+deflated Sharpe ratio and the probability of backtest overfitting of having chosen it
+(`foxhunt.evaluation.selection`). See docs/tune.md.
+
+- **Folds.** The backtest's fold plan (`foxhunt.app.backtest`, conf/backtest.yaml) fixes the
+  test periods. The study reads nothing from the first of them on: its `tune.folds` validation
+  periods, each the backtest's val_span bars, end where that test period starts (the last is
+  the backtest's first validation period), and a trial trains on what precedes each of them
+  (expanding or rolling, with the embargo), the data cut at the period's end as it is read
+  (`foxhunt.data.read.read_end`). Its value is the mean of the folds' best validation losses.
+- **The space is configuration**: conf/tune_space/<option>.yaml, one entry per config key.
+- **Optuna directly**, an ask-and-tell loop of our own rather than `study.optimize`: the loop
+  ends on finished trials (completed or pruned) across every worker, not on this process's
+  count; a trial that cannot fit in memory or whose combination is invalid is pruned with the
+  reason; each running trial writes a heartbeat, so a resumed study re-runs the trials of dead
+  workers (Optuna's own heartbeat is the RDB storage's alone, and only inside optimize).
+- **Storage**: a journal file in the study's directory (the default; file locks, so it works
+  on a shared filesystem) or an RDB URL (PostgreSQL for several machines). The study is named
+  after the command's overrides (tune.study to choose), so the same command continues it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from foxhunt.app import backtest
+from foxhunt.app.backtest import Fold
+from foxhunt.app.train import train
+from foxhunt.config import validate
+from foxhunt.data.read import timeline
+from foxhunt.data.source import ensure_sample
+from foxhunt.data.splits import NO_START
+from foxhunt.errors import ConfigError, FoxhuntError
+from foxhunt.evaluation import selection
+from foxhunt.evaluation.strategy import bars_per_year
+from foxhunt.files import write_json, write_text
+from foxhunt.memory.callbacks import OutOfMemoryAtMinimum
+from foxhunt.run.dir import RunDir
+from foxhunt.run.resume import experiment_key
+
+log = logging.getLogger(__name__)
+SUMMARY = "tune_summary.json"
+REPORT = "tune_report.md"
+JOURNAL = "study.journal"
+FOLD_STEPS = 10_000  # a trial reports fold k's n-th validation at step k * FOLD_STEPS + n
+HOST = socket.gethostname()
+# what names a study: the overrides but how many trials, where, by how many workers
+NOT_THE_STUDY = ("tune.trials", "tune.jobs", "tune.worker", "tune.refit", "tune.dir")
+NOT_THE_STUDY += ("tune.storage", "tune.heartbeat_s", "tune.grace_s", "hydra")
+
+
+def tune(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
+    """The study (continued where its storage holds it), then (unless a worker job) the refit
+    and the summary, written to the study's directory."""
+    check(cfg)
+    if cfg.data.generate_if_missing:
+        ensure_sample(cfg.data.path)
+    folds = study_folds(timeline(cfg.data), cfg)
+    plan = {
+        "space": OmegaConf.to_container(cfg.tune_space, resolve=True),
+        "folds": [f.split() for f in folds],
+    }
+    name = study_name(cfg, overrides, plan)
+    study_dir = Path(cfg.tune.dir).expanduser().resolve() / name
+    study_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study_or_explain(cfg, name, study_dir, cfg.seed)
+    same_plan(study, plan)
+    if not cfg.tune.worker:  # one process re-queues a dead worker's trials: the first
+        recover(study, cfg.tune.grace_s)
+    log.info("tune: study %s in %s, %d folds", name, storage_label(cfg, study_dir), len(folds))
+    search(cfg, folds, name, study_dir)
+    if cfg.tune.worker is not None:  # a multirun's job: the command without -m refits
+        return {"study": name, "study_dir": str(study_dir), **counts(study)}
+    return summarize(cfg, study, study_dir)
+
+
+def check(cfg: DictConfig) -> None:
+    """What a study refuses before any data is read."""
+    t = cfg.tune
+    for key in ("trials", "jobs", "folds"):
+        if t[key] < 1:
+            raise ConfigError(f"tune.{key} must be at least 1, got {t[key]}")
+    space = entries(cfg.tune_space or {})
+    if not space:
+        raise ConfigError("tune_space is empty: choose one (tune_space=tft) or write one")
+    for key in space:
+        if OmegaConf.select(cfg, key, default="absent") == "absent":
+            raise ConfigError(f"tune_space names {key}, which is not a config key")
+    if cfg.backtest.fold is not None:
+        raise ConfigError("a study plans its own folds: drop backtest.fold")
+    backtest.check(cfg)
+
+
+def study_folds(times: np.ndarray, cfg: DictConfig) -> list[Fold]:
+    """The study's folds on the common timeline `times`: tune.folds validation periods of the
+    backtest's val_span bars, consecutive, the last ending where its first test period starts;
+    each with no test period (test_start = test_end: nothing from there on is read)."""
+    plan = backtest.plan_folds(times, cfg.backtest, cfg.data)
+    first_test = int(np.searchsorted(times, plan[0].test_start))
+    val_span = first_test - int(np.searchsorted(times, plan[0].val_start))
+    rolling = plan[0].train_start != NO_START
+    train_span = first_test - val_span - int(np.searchsorted(times, plan[0].train_start))
+    n = cfg.tune.folds
+    data = cfg.data
+    embargo = data.prediction_length if data.split.embargo is None else data.split.embargo
+    first_val = first_test - n * val_span
+    least = data.encoder_length + data.prediction_length + embargo
+    if first_val - (train_span if rolling else 0) < least:
+        raise ConfigError(
+            f"{n} validation periods of {val_span} bars before the first test period leave "
+            f"the first study fold {first_val} bars of training, too few for one window: "
+            "lower tune.folds or backtest.val_span (or backtest.folds)"
+        )
+    folds = []
+    for k in range(n):
+        val = first_val + k * val_span
+        end = int(times[val + val_span])
+        start = int(times[val - train_span]) if rolling else NO_START
+        folds.append(Fold(k, start, int(times[val]), end, end))
+    return folds
+
+
+def study_name(cfg: DictConfig, overrides: Sequence[str], plan: dict[str, Any]) -> str:
+    """tune.study, or a name from the command's overrides and the study's plan (its space and
+    folds: the same command on data that grew is another study)."""
+    if cfg.tune.study:
+        return str(cfg.tune.study)
+    parsed = OverridesParser.create().parse_overrides(sorted(experiment_key(overrides)))
+    # by value: a multirun's job spells report=false as report=False
+    key = [
+        f"{o.key_or_group}={json.dumps(o.value(), sort_keys=True, default=str)}"
+        for o in parsed
+        if not o.key_or_group.startswith(NOT_THE_STUDY)
+    ]
+    key.append(json.dumps(plan, sort_keys=True))
+    return "tune-" + hashlib.sha256("\n".join(key).encode()).hexdigest()[:10]
+
+
+def same_plan(study: optuna.Study, plan: dict[str, Any]) -> None:
+    """The plan recorded in a new study; a study continued with another space or other folds
+    is refused (its trials would not compare)."""
+    recorded = study.user_attrs.get("plan")
+    if recorded is None:
+        study.set_user_attr("plan", plan)
+    elif recorded != json.loads(json.dumps(plan)):
+        raise ConfigError(
+            f"study {study.study_name} was begun with another tune_space or other folds (the "
+            "data or backtest settings changed): name a new one with tune.study=..."
+        )
+
+
+def storage_label(cfg: DictConfig, study_dir: Path) -> str:
+    """The storage, as a log line names it (an RDB URL without its password)."""
+    if not cfg.tune.storage:
+        return str(study_dir / JOURNAL)
+    from sqlalchemy.engine import make_url
+
+    return make_url(str(cfg.tune.storage)).render_as_string(hide_password=True)
+
+
+def open_study(cfg: DictConfig, name: str, study_dir: Path, seed: int) -> optuna.Study:
+    """The study in its storage, created on first use; an unreachable RDB is one line."""
+    t = cfg.tune
+    if t.storage:
+        storage: Any = optuna.storages.RDBStorage(
+            str(t.storage), engine_kwargs={"pool_pre_ping": True}
+        )
+    else:
+        repair_journal(study_dir / JOURNAL)
+        backend = optuna.storages.journal.JournalFileBackend(str(study_dir / JOURNAL))
+        storage = optuna.storages.JournalStorage(backend)
+    pruner: optuna.pruners.BasePruner = {
+        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=t.startup_trials),
+        "halving": lambda: optuna.pruners.SuccessiveHalvingPruner(),
+        "none": lambda: optuna.pruners.NopPruner(),
+    }[str(t.pruner)]()
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        direction="minimize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials),
+        pruner=pruner,
+    )
+
+
+def repair_journal(path: Path, chunk: int = 1 << 16) -> None:
+    """Cut off a journal's last line if its append was cut short (a worker killed mid-write):
+    it never counted, and Optuna would fail on the next line appended after it. Under the
+    journal's own lock (Optuna's default: a symlink beside it, stale after 30 s)."""
+    if not path.is_file():
+        return
+    lock = optuna.storages.journal.JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        with open(path, "r+b") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(end - 1, 0))
+            if end == 0 or f.read(1) == b"\n":
+                return
+            at = end
+            while at > 0:  # back to the last newline
+                start = max(at - chunk, 0)
+                f.seek(start)
+                block = f.read(at - start)
+                if (i := block.rfind(b"\n")) >= 0:
+                    at = start + i + 1
+                    break
+                at = start
+            f.truncate(at)
+            os.fsync(f.fileno())
+        log.warning("tune: %s ended in a cut-off line (a killed worker's); removed", path)
+    finally:
+        lock.release()
+
+
+def open_study_or_explain(cfg: DictConfig, name: str, study_dir: Path, seed: int) -> optuna.Study:
+    try:
+        return open_study(cfg, name, study_dir, seed)
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's, the driver's: one line for any
+        if not cfg.tune.storage:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"tune.storage={storage_label(cfg, study_dir)}: cannot open the study ({first})"
+        ) from None
+
+
+def recover(study: optuna.Study, grace_s: float) -> None:
+    """Trials left running by a dead worker (its process gone on this host, or no heartbeat
+    for `grace_s`) marked failed, and their parameters queued to run again."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        attrs = t.user_attrs
+        gone = attrs.get("host") == HOST and not _alive(int(attrs.get("pid", -1)))
+        silent = time.time() - float(attrs.get("alive_at", time.time())) > grace_s
+        if not (gone or silent):
+            continue
+        study._storage.set_trial_user_attr(t._trial_id, "failed", "its worker died")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        log.warning("tune: trial %d was left running by a dead worker; queued again", t.number)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- the search ----------------------------------------------------------------------------
+
+
+def search(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path) -> None:
+    """Trials until the study has tune.trials finished ones, in tune.jobs processes: this one
+    and tune.jobs - 1 started beside it, all beginning once every one is ready."""
+    jobs = int(cfg.tune.jobs)
+    base_seed = cfg.seed + (cfg.tune.worker or 0) * jobs
+    if jobs == 1:
+        work(cfg, folds, name, study_dir, base_seed)
+        return
+    spawn = mp.get_context("spawn")  # a fresh interpreter: no fork of torch's threads
+    ready = spawn.Barrier(jobs)
+    others = [
+        spawn.Process(
+            target=_worker_process,
+            # the config as plain containers: its schema's types are made at runtime
+            args=(_plain(cfg), folds, name, study_dir, base_seed + k, ready),
+            name=f"tune-worker-{k}",
+        )
+        for k in range(1, jobs)
+    ]
+    for p in others:
+        p.start()
+    try:
+        ready.wait(timeout=600)
+        work(cfg, folds, name, study_dir, base_seed)
+    finally:
+        for p in others:
+            p.join()
+    failed = [p.name for p in others if p.exitcode != 0]
+    if failed:
+        log.warning("tune: %s exited with an error (its trials are in the study)", failed)
+
+
+def _plain(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def _worker_process(
+    plain: dict[str, Any], folds: list[Fold], name: str, study_dir: Path, seed: int, ready: Any
+) -> None:
+    """A worker of `search` in its own process (its own logging: nothing is inherited)."""
+    from foxhunt.threads import use_cpus
+
+    cfg = OmegaConf.create(plain)
+    OmegaConf.set_struct(cfg, True)
+
+    logging.basicConfig(level=logging.WARNING, format="[%(processName)s] %(message)s")
+    logging.getLogger("foxhunt").setLevel(logging.INFO)
+    use_cpus()
+    try:
+        open_study_or_explain(cfg, name, study_dir, seed)
+    finally:
+        ready.wait(timeout=600)
+    work(cfg, folds, name, study_dir, seed)
+
+
+def work(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path, seed: int) -> None:
+    """Ask, run and tell trials until the study's finished and running trials reach
+    tune.trials; a progress line after each."""
+    study = open_study_or_explain(cfg, name, study_dir, seed)
+    budget, started, done_here = int(cfg.tune.trials), time.perf_counter(), 0
+    while counts(study)["trials_finished"] + counts(study)["trials_running"] < budget:
+        trial = study.ask()
+        ahead = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.number < trial.number and _counts_toward(t)
+        ]
+        if len(ahead) >= budget:  # another worker took the last one meanwhile
+            trial.set_user_attr("failed", "not run: the study had its trials")
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        state, value = run_and_tell(cfg, folds, study, trial, study_dir)
+        done_here += 1
+        progress(study, trial.number, state, value, budget, started, done_here, cfg.tune.jobs)
+
+
+def _counts_toward(t: optuna.trial.FrozenTrial) -> bool:
+    finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return finished or (t.state == TrialState.FAIL and "error" in t.user_attrs)
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    trials = study.get_trials(deepcopy=False)
+    n = {s: sum(t.state == s for t in trials) for s in TrialState}
+    errors = sum(t.state == TrialState.FAIL and "error" in t.user_attrs for t in trials)
+    return {
+        "trials_completed": n[TrialState.COMPLETE],
+        "trials_pruned": n[TrialState.PRUNED],
+        "trials_failed": errors,
+        "trials_finished": n[TrialState.COMPLETE] + n[TrialState.PRUNED],
+        "trials_running": n[TrialState.RUNNING],
+    }
+
+
+def run_and_tell(
+    cfg: DictConfig, folds: list[Fold], study: optuna.Study, trial: optuna.Trial, study_dir: Path
+) -> tuple[TrialState, float | None]:
+    """One trial, told to the study: complete, pruned (by the pruner, for memory, for an
+    invalid combination: the reason in its user attribute `pruned`), or failed (a
+    FoxhuntError, raised on after it is told: the study stops with its one line)."""
+    trial.set_user_attr("host", HOST)
+    trial.set_user_attr("pid", os.getpid())
+    started = time.perf_counter()
+    state, value = TrialState.COMPLETE, None
+    try:
+        with _Heartbeat(trial, cfg.tune.heartbeat_s):
+            value = run_trial(cfg, folds, trial, study_dir)
+    except (optuna.TrialPruned, OutOfMemoryAtMinimum, _Invalid) as why:
+        state = TrialState.PRUNED
+        trial.set_user_attr("pruned", str(why) or "by the pruner")
+    except FoxhuntError as exc:
+        trial.set_user_attr("error", str(exc))
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    except BaseException:  # an interrupt, a bug: failed, and queued to run again on resume
+        trial.set_user_attr("failed", "interrupted")
+        study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        raise
+    trial.set_user_attr("wall_s", round(time.perf_counter() - started, 1))
+    if state == TrialState.PRUNED:
+        study.tell(trial, state=state)
+    else:
+        study.tell(trial, value)
+    return state, value
+
+
+class _Invalid(FoxhuntError):
+    """A combination of the space the config checks refuse."""
+
+
+def run_trial(cfg: DictConfig, folds: list[Fold], trial: optuna.Trial, study_dir: Path) -> float:
+    """The trial's parameters trained on each study fold in turn, validation losses reported
+    to the pruner; the mean of the folds' best validation losses. The folds' portfolio
+    returns on their validation windows go to the trial's `returns` (for DSR and PBO)."""
+    params = suggest(trial, cfg.tune_space)
+    losses, times, nets = [], [], []
+    for fold in folds:
+        fold_cfg = trial_config(cfg, fold, params)
+        run_dir = study_dir / f"trial-{trial.number}" / f"fold-{fold.index}"
+        try:
+            summary = train(
+                fold_cfg, run_dir, extra_callbacks=[ReportValidation(trial, fold.index)], test=False
+            )
+        finally:  # a trial keeps its figures, not its weights: the refit retrains the best
+            shutil.rmtree(RunDir(run_dir).checkpoints, ignore_errors=True)
+        losses.append(summary["metrics"]["val_loss"])
+        found = summary.get("validation", {})
+        if "net" in found:
+            times += found["time_ns"]
+            nets += found["net"]
+    trial.set_user_attr("fold_val_losses", losses)
+    trial.set_user_attr("returns", {"time_ns": times, "net": nets})
+    value = float(np.mean(losses))
+    return value if math.isfinite(value) else float("inf")
+
+
+def entries(space: Any, prefix: str = "") -> dict[str, Any]:
+    """The space's entries by config key: its nodes with a `type`, at their dotted paths."""
+    found = {}
+    for key, node in space.items():
+        if isinstance(node, DictConfig | dict) and "type" in node:
+            found[f"{prefix}{key}"] = node
+        elif isinstance(node, DictConfig | dict):
+            found |= entries(node, f"{prefix}{key}.")
+        else:
+            raise ConfigError(
+                f"tune_space.{prefix}{key} is {node!r}: an entry is a mapping with a type "
+                "(categorical, float or int)"
+            )
+    return found
+
+
+def suggest(trial: optuna.Trial, space: DictConfig) -> dict[str, Any]:
+    """Each config key of the space, suggested by the trial: its config value (a categorical
+    mapping's label is what the trial records, its value what the config gets)."""
+    params = {}
+    for key, spec in entries(space).items():
+        kind = spec.get("type")
+        if kind == "categorical":
+            choices = spec.choices
+            if isinstance(choices, DictConfig):  # {label: value}
+                label = trial.suggest_categorical(key, [str(c) for c in choices])
+                params[key] = OmegaConf.to_container(choices, resolve=True)[label]
+            else:
+                params[key] = trial.suggest_categorical(key, list(choices))
+        elif kind == "float":
+            log_scale = bool(spec.get("log", False))
+            params[key] = trial.suggest_float(key, spec.low, spec.high, log=log_scale)
+        elif kind == "int":
+            params[key] = trial.suggest_int(key, spec.low, spec.high, step=spec.get("step", 1))
+        else:
+            raise ConfigError(
+                f"tune_space.{key}.type must be categorical, float or int, got {kind!r}"
+            )
+    return params
+
+
+def trial_config(cfg: DictConfig, fold: Fold, params: dict[str, Any]) -> DictConfig:
+    """The fold's training config with the trial's parameters; an invalid combination
+    (hidden_dim not divisible by num_heads, say) is `_Invalid`."""
+    fold_cfg = with_params(cfg, params)
+    fold_cfg.data.split.merge_with(fold.split())
+    fold_cfg.report = False
+    fold_cfg.resume = None
+    try:
+        validate(fold_cfg)
+    except ConfigError as exc:
+        raise _Invalid(f"invalid combination: {exc}") from None
+    return fold_cfg
+
+
+def with_params(cfg: DictConfig, params: dict[str, Any]) -> DictConfig:
+    out = cfg.copy()
+    for key, value in params.items():
+        OmegaConf.update(out, key, value, merge=False)
+    return out
+
+
+class ReportValidation(L.Callback):
+    """Each validation loss to the trial, fold k's n-th at step k * FOLD_STEPS + n, and the
+    trial stopped where the pruner says. (optuna-integration's Lightning callback reports by
+    epoch alone: a trial's second fold would report at the first fold's steps again.)"""
+
+    def __init__(self, trial: optuna.Trial, fold: int) -> None:
+        self.trial, self.fold, self.seen = trial, fold, 0
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or "val_loss" not in trainer.callback_metrics:
+            return
+        step = self.fold * FOLD_STEPS + self.seen
+        self.seen += 1
+        self.trial.report(float(trainer.callback_metrics["val_loss"]), step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"pruned in fold {self.fold}, validation {self.seen}")
+
+
+class _Heartbeat:
+    """The trial's `alive_at` user attribute renewed every `every_s` seconds while it runs."""
+
+    def __init__(self, trial: optuna.Trial, every_s: float) -> None:
+        self.trial, self.every_s, self.stop = trial, every_s, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            self.trial.set_user_attr("alive_at", time.time())
+            if self.stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def progress(
+    study: optuna.Study,
+    number: int,
+    state: TrialState,
+    value: float | None,
+    budget: int,
+    started: float,
+    done_here: int,
+    jobs: int,
+) -> None:
+    """One line per finished trial: its value, the best so far, the pruned count, the elapsed
+    time and an ETA (this worker's pace times the workers)."""
+    n = counts(study)
+    try:
+        best = f"best {study.best_value:.6g} (trial {study.best_trial.number})"
+    except ValueError:
+        best = "no trial completed yet"
+    elapsed = time.perf_counter() - started
+    left = max(budget - n["trials_finished"], 0)
+    eta = elapsed / done_here * left / max(jobs, 1)
+    what = f"{value:.6g}" if state == TrialState.COMPLETE else state.name.lower()
+    print(
+        f"tune: trial {number} {what} | {best} | {n['trials_finished']}/{budget} finished, "
+        f"{n['trials_pruned']} pruned | {_clock(elapsed)} elapsed, ETA {_clock(eta)}",
+        flush=True,
+    )
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s"
+
+
+# --- after the search ----------------------------------------------------------------------
+
+
+def summarize(cfg: DictConfig, study: optuna.Study, study_dir: Path) -> dict[str, Any]:
+    """The refit of the best trial's configuration on every backtest fold (once on the test
+    periods), the selection statistics over the completed trials, tune_summary.json and
+    tune_report.md."""
+    from foxhunt.app.tune_report import write_report
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        reasons = sorted({t.user_attrs.get("pruned", "") for t in trials} - {""})
+        raise FoxhuntError(
+            f"no trial of study {study.study_name} completed ({len(trials)} ran"
+            + (f"; pruned: {reasons[0]}" if reasons else "")
+            + "): widen tune_space or raise tune.trials"
+        )
+    best = study.best_trial
+    params = suggest(optuna.trial.FixedTrial(best.params), cfg.tune_space)
+    summary: dict[str, Any] = {
+        "study": study.study_name,
+        "study_dir": str(study_dir),
+        "best_trial": best.number,
+        "best_params": params,
+        "best_val_loss": best.value,
+        "fold_val_losses": best.user_attrs.get("fold_val_losses"),
+        **counts(study),
+        "pruning_saved_s": pruning_saved(trials),
+        "search_wall_s": round(sum(t.user_attrs.get("wall_s", 0) for t in trials), 1),
+        "selection": selection_stats(complete, best),
+    }
+    if cfg.tune.refit:
+        summary["refit"] = refit(cfg, params, study_dir / f"refit-trial-{best.number}")
+    write_json(study_dir / SUMMARY, summary)
+    write_text(study_dir / REPORT, write_report(summary, study, study_dir))
+    return summary
+
+
+def pruning_saved(trials: list[optuna.trial.FrozenTrial]) -> float | None:
+    """Seconds the pruned trials did not run: each the mean completed trial's time less its
+    own (an estimate: a pruned trial would have taken as long as the completed ones)."""
+    done = [t.user_attrs["wall_s"] for t in trials if t.state == TrialState.COMPLETE]
+    done = [w for w in done if w is not None]
+    if not done:
+        return None
+    mean = float(np.mean(done))
+    cut = [t.user_attrs.get("wall_s", 0.0) for t in trials if t.state == TrialState.PRUNED]
+    return round(sum(max(mean - w, 0.0) for w in cut), 1)
+
+
+def selection_stats(
+    complete: list[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial
+) -> dict[str, Any]:
+    """DSR of the winner and PBO of the selection, from the completed trials' portfolio
+    returns on the bars every one of them traded (their validation periods)."""
+    returns = {t.number: t.user_attrs.get("returns") or {} for t in complete}
+    returns = {n: r for n, r in returns.items() if r.get("net")}
+    if best.number not in returns or len(returns) < 2:
+        return {"skipped": "fewer than two completed trials with strategy returns"}
+    common = set.intersection(*(set(r["time_ns"]) for r in returns.values()))
+    times = np.array(sorted(common), dtype=np.int64)
+    numbers = list(returns)
+    matrix = np.empty((len(times), len(numbers)))
+    for j, n in enumerate(numbers):
+        by_time = dict(zip(returns[n]["time_ns"], returns[n]["net"], strict=True))
+        matrix[:, j] = [by_time[t] for t in times]
+    per_period = selection.sharpe(matrix, axis=0)
+    per_year = bars_per_year(times) or 1.0
+    annual = per_period * math.sqrt(per_year)
+    winner = numbers.index(best.number)
+    dsr = selection.deflated_sharpe(matrix[:, winner], per_period)
+    return {
+        "trials": len(numbers),
+        "periods": len(times),
+        "winner_sharpe": float(annual[winner]),  # annualized, on the validation periods
+        "naive_best_sharpe": float(annual.max()),  # the best of the trials, by luck or not
+        "naive_best_trial": numbers[int(np.argmax(annual))],
+        "dsr": dsr,
+        "pbo": selection.pbo(matrix),
+        "about": {
+            "dsr": "the probability that the winner's Sharpe ratio beats the best that as "
+            "many trials of no skill would reach by luck (significant above 0.95)",
+            "pbo": "the share of ways to split the validation periods in half in which the "
+            "trial best on one half ranks in the lower half on the other (0.5: selection "
+            "picks noise; near 0: the winner keeps winning)",
+        },
+    }
+
+
+def refit(cfg: DictConfig, params: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The best configuration trained on every backtest fold and scored once on its test
+    period (`foxhunt.app.backtest.run`, which continues a killed refit); the headline."""
+    refit_cfg = with_params(cfg, params)
+    bt = backtest.run(refit_cfg, out_dir, overrides=[])
+    m, baselines = bt["metrics"], bt.get("baselines", {})
+    best = m.get("best_baseline")
+    return {
+        "backtest_dir": str(out_dir),
+        "test_loss": m.get("test_loss"),  # the model's own quantiles, pooled over the folds
+        "calibrated_test_loss": m.get("calibrated_test_loss"),  # the delivered forecasts
+        "skill": m.get("skill"),  # against the strongest baseline, on the delivered ones
+        "best_baseline": best,
+        "best_baseline_test_loss": baselines.get(best, {}).get("test_loss") if best else None,
+        "val_loss": m.get("val_loss"),
+        "strategy_sharpe": (bt.get("strategy") or {}).get("sharpe"),
+        "folds": [
+            {
+                "fold": f["fold"],
+                "val_loss": f["metrics"].get("val_loss"),
+                "calibrated_test_loss": f["metrics"].get("calibrated_test_loss"),
+                "best_baseline": f["metrics"].get("best_baseline"),
+                "best_baseline_test_loss": f.get("baselines", {})
+                .get(f["metrics"].get("best_baseline") or "", {})
+                .get("test_loss"),
+            }
+            for f in bt["folds"]
+        ],
+    }
