@@ -169,7 +169,7 @@ def test_the_study_never_reads_a_test_period(tmp_path):
 
 def test_a_killed_study_continues_with_the_same_command(tmp_path):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
-    args = overrides(data, tmp_path, "tune.trials=3", "tune.folds=1", "optim.schedule_steps=200")
+    args = overrides(data, tmp_path, "tune.trials=3", "tune.folds=1", "optim.schedule_steps=100")
     during_trial_1 = "tune/*/trial-1/fold-0/checkpoints/last.ckpt"
     proc, _ = start_until("tune.py", args, tmp_path, during_trial_1)
     os.kill(proc.pid, signal.SIGKILL)
@@ -196,7 +196,8 @@ def postgres_url() -> str:
 @pytest.mark.parametrize("store", ["journal", "postgresql"])
 def test_two_workers_share_one_study(tmp_path, store):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
-    extra = ["tune.jobs=2", "tune.trials=4", f"tune.study=shared-{uuid.uuid4().hex[:8]}"]
+    extra = ["tune.jobs=2", "tune.trials=4", "tune.folds=1"]
+    extra.append(f"tune.study=shared-{uuid.uuid4().hex[:8]}")
     if store == "postgresql":
         extra.append(f"tune.storage={postgres_url()}")
     cfg = compose_tune(overrides(data, tmp_path, *extra))
@@ -211,7 +212,7 @@ def test_two_workers_share_one_study(tmp_path, store):
 
 def test_multirun_jobs_are_workers_and_the_plain_command_refits(tmp_path):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
-    args = overrides(data, tmp_path, "tune.trials=3")
+    args = overrides(data, tmp_path, "tune.trials=3", "tune.folds=1")
     sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
     jobs = run_cli("-m", "tune.worker=0,1", *args, sweep, cwd=tmp_path, script="tune.py")
     assert jobs.returncode == 0, jobs.stderr[-2000:]

@@ -146,13 +146,12 @@ def study_name(cfg: DictConfig, overrides: Sequence[str], plan: dict[str, Any]) 
     folds: the same command on data that grew is another study)."""
     if cfg.tune.study:
         return str(cfg.tune.study)
-    parsed = OverridesParser.create().parse_overrides(sorted(experiment_key(overrides)))
-    # by value: a multirun's job spells report=false as report=False
-    key = [
-        f"{o.key_or_group}={json.dumps(o.value(), sort_keys=True, default=str)}"
-        for o in parsed
-        if not o.key_or_group.startswith(NOT_THE_STUDY)
-    ]
+    kept = experiment_key(overrides)
+    parsed = OverridesParser.create().parse_overrides([o for o in overrides if o in kept])
+    # by value, the last of a key's (as Hydra applies them): a multirun's job spells
+    # report=false as report=False, and gets a key given twice once
+    values = {o.key_or_group: json.dumps(o.value(), sort_keys=True, default=str) for o in parsed}
+    key = [f"{k}={v}" for k, v in sorted(values.items()) if not k.startswith(NOT_THE_STUDY)]
     key.append(json.dumps(plan, sort_keys=True))
     return "tune-" + hashlib.sha256("\n".join(key).encode()).hexdigest()[:10]
 
