@@ -40,7 +40,7 @@ from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, window_facts
 from foxhunt.evaluation.judge import judge
 from foxhunt.evaluation.quality import EQUITY_PLOT
 from foxhunt.evaluation.stats import pinball_per_quantile
-from foxhunt.evaluation.strategy import PORTFOLIO, backtest_strategy, plot_equity
+from foxhunt.evaluation.strategy import backtest_strategy, plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
@@ -408,8 +408,7 @@ def portfolio_returns(table: Any, target_kind: str, e: Any) -> dict[str, Any]:
         result = backtest_strategy(table, str(e.strategy), e.cost_bps, target_kind)
     except DataError as why:
         return {"skipped": str(why)}
-    times, curve = result.curves[PORTFOLIO]
-    net = np.diff(np.r_[0.0, curve])  # the curve is the running sum of the net returns
+    times, net = result.portfolio_returns
     return {
         "sharpe": result.portfolio["sharpe"],
         "bars": len(net),

@@ -336,7 +336,7 @@ def work(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path, seed: i
     tune.trials; a progress line after each."""
     study = open_study_or_explain(cfg, name, study_dir, seed)
     budget, started, done_here = int(cfg.tune.trials), time.perf_counter(), 0
-    while counts(study)["trials_finished"] + counts(study)["trials_running"] < budget:
+    while (n := counts(study))["trials_finished"] + n["trials_running"] < budget:
         trial = study.ask()
         ahead = [
             t

@@ -240,6 +240,8 @@ class StrategyResult:
     curves: dict[str, tuple[np.ndarray, np.ndarray]]
     # [n] per row of the Bars: position, turnover, gross, cost, net, weight
     ledger: dict[str, np.ndarray] = field(repr=False)
+    # the portfolio's (origin times ns, net return of that bar): a tuning study's DSR and PBO
+    portfolio_returns: tuple[np.ndarray, np.ndarray] = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Every statistic, JSON-ready: {portfolio: stats, per_instrument: {name: stats}}."""
@@ -326,7 +328,8 @@ def run_positions(
         int(called[held].sum()),
         bars_per_year,
     )
-    curves[PORTFOLIO] = (times, equity(pooled(net)))
+    portfolio_net = pooled(net)
+    curves[PORTFOLIO] = (times, equity(portfolio_net))
     ledger = {
         "position": position,
         "turnover": turnover,
@@ -335,7 +338,7 @@ def run_positions(
         "net": net,
         "weight": weight,
     }
-    return StrategyResult(per_instrument, portfolio, curves, ledger)
+    return StrategyResult(per_instrument, portfolio, curves, ledger, (times, portfolio_net))
 
 
 def _bars(forecasts: pa.Table | Bars, target_kind: str | None) -> Bars:
