@@ -1,16 +1,27 @@
-"""Benchmark foxhunt's TFT against pytorch-forecasting's, side by side in one process.
+"""Benchmark foxhunt's TFT against pytorch-forecasting's (and Darts'), side by side in one process.
 
-    python benchmarks/bench_tft.py --config S [--device cuda] [--skip-theirs] [--threads 2]
-                                   [--lean]
+    python benchmarks/bench_tft.py --config S|B|DLE [--device cuda] [--precision fp32|tf32|bf16]
+                                   [--theirs pf|darts|pf,darts|none] [--threads 2] [--lean]
+                                   [--compile [--compile-mode reduce-overhead]]
 
-Both models see the same synthetic data (`foxhunt.data.synthetic`) and shapes. Ours trains with
+The models see the same synthetic data (`foxhunt.data.synthetic`) and shapes. Ours trains with
 the step training runs (`foxhunt.training.step.train_step`), theirs with the same sequence:
-zero the gradients, forward, the same quantile loss, backward, AdamW step. The timed loops
-alternate (ours, theirs, ours, theirs, ...) so that drift of a shared machine (turbo, other
-jobs) hits both alike. The output is a table, then, as the last line, one JSON object with the
-raw figures; the peak memory breakdown names the parts as `foxhunt.memory.PARTS` does.
+zero the gradients, forward, the same quantile loss (Darts: its own QuantileRegression),
+backward, AdamW step. The timed loops alternate (ours, theirs, ours, theirs, ...) so that drift
+of a shared machine (turbo, other jobs) hits all alike. The output is a table, then, as the last
+line, one JSON object with the raw figures; the peak memory breakdown names the parts as
+`foxhunt.memory.PARTS` does.
 
-pytorch-forecasting is optional: `pip install -e ".[bench]"`, or pass --skip-theirs.
+Configs: S (16 variables, hidden 64) and B (225 variables, hidden 256) are foxhunt's own; DLE is
+NVIDIA DeepLearningExamples' TFT on electricity (hidden 128, 4 heads, encoder 168, decoder 24,
+3 quantiles, batch 1024): one target, three known covariates (hour, day of week, hours from
+start) and a static id of 369 series, every input embedded at the hidden size. Its published
+training rates (their README, 22.11 container): 12,435 items/s TF32 and 17,608 AMP on one
+A100-80GB. One item is one window, a training sample here.
+
+pytorch-forecasting and Darts are optional: `pip install -e ".[bench]"` (Darts: its `u8darts`
+core, Darts' TFTModel with `skip_interpolation=True`), or `--theirs none`. A contender that does
+not import is left out with one line saying why.
 
 --lean skips what only adds detail: the FLOP count (it runs every op through FlopCounterMode on
 the decomposed LSTM and attention, and does not depend on the device: count on a CPU) and, on
@@ -32,7 +43,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +58,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.synthetic import synthetic_panel
 from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory import MB, PARTS
+from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.table import breakdown_rows, format_table
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.threads import CpuShare
@@ -60,11 +72,6 @@ for _noisy in ("pytorch_forecasting", "lightning", "lightning_fabric", "pytorch_
 warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")
 
 QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
-BATCH_SIZE = 64
-ENCODER_LENGTH = 64
-PREDICTION_LENGTH = 8
-NUM_SERIES = 4
-SERIES_LENGTH = 3000
 LEARNING_RATE = 1e-3
 DROPOUT = 0.1
 PARAM_TOLERANCE = 0.05  # the two models must be the same size to within this fraction
@@ -74,25 +81,53 @@ MAX_BATCH_POOL = 64  # batches kept in memory for the timed loops; they are cycl
 
 @dataclass(frozen=True)
 class Shape:
-    """One benchmark configuration; `encoder_vars` counts as pytorch-forecasting does."""
+    """One benchmark configuration. The encoder selects among the target, `features` observed
+    reals, `known` known reals and the relative time index; the decoder among the known ones and
+    the relative time index; `static_id`: the series' id is a static categorical."""
 
-    encoder_vars: int  # target + (encoder_vars - 2) features + relative time index
+    features: int
     hidden: int
     heads: int
     lstm_layers: int
-    continuous_hidden: int
+    continuous_hidden: int  # each variable's embedding (pytorch-forecasting's name)
     default_steps: int
     default_eval_batches: int
+    batch_size: int = 64
+    encoder_length: int = 64
+    prediction_length: int = 8
+    quantiles: tuple[float, ...] = QUANTILES
+    known: int = 0
+    static_id: bool = False
+    series: int = 4
+    series_length: int = 3000
 
     @property
-    def num_features(self) -> int:
-        return self.encoder_vars - 2
+    def encoder_vars(self) -> int:
+        return self.features + self.known + 2
 
 
 CONFIGS = {
-    "S": Shape(16, 64, 4, 1, 16, default_steps=20, default_eval_batches=20),
-    "B": Shape(225, 256, 8, 2, 256, default_steps=2, default_eval_batches=1),
+    "S": Shape(14, 64, 4, 1, 16, default_steps=20, default_eval_batches=20),
+    "B": Shape(223, 256, 8, 2, 256, default_steps=2, default_eval_batches=1),
+    "DLE": Shape(
+        0,
+        128,
+        4,
+        1,
+        128,
+        default_steps=2,
+        default_eval_batches=2,
+        batch_size=1024,
+        encoder_length=168,
+        prediction_length=24,
+        quantiles=(0.1, 0.5, 0.9),
+        known=3,
+        static_id=True,
+        series=369,
+        series_length=600,
+    ),
 }
+KNOWN = ("hour", "day_of_week", "hours_from_start")  # DLE's electricity inputs, as many as used
 
 
 _STARTED = time.perf_counter()
@@ -114,23 +149,46 @@ def sync(device: torch.device) -> None:
 
 
 def make_frame(shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
-    """NUM_SERIES series of SERIES_LENGTH steps: a unit-variance AR(1) target and unit-variance
+    """`shape.series` series of `series_length` steps: a unit-variance target and unit-variance
     noise features, so that ours (which standardizes) and theirs (target_normalizer=None) see
-    values of the same scale."""
-    names = [f"s{s}" for s in range(NUM_SERIES)]
-    return synthetic_panel(names, SERIES_LENGTH, shape.num_features, seed=seed)
+    values of the same scale. With known covariates (DLE), the target is electricity-like, a
+    daily and weekly load profile per series plus AR(1) noise, beside its calendar inputs."""
+    names = [f"s{s}" for s in range(shape.series)]
+    frame = synthetic_panel(names, shape.series_length, shape.features, seed=seed)
+    if shape.known:
+        hours = frame["time"].astype(np.float64)
+        rng = np.random.default_rng(seed + 1)
+        level = np.repeat(rng.uniform(0.5, 1.5, shape.series), shape.series_length)
+        profile = np.sin(2 * np.pi * hours / 24) + 0.5 * np.sin(2 * np.pi * hours / 168)
+        target = level * profile + 0.3 * frame["target"]
+        frame["target"] = ((target - target.mean()) / target.std()).astype(np.float32)
+        calendar = {
+            "hour": (hours % 24) / 23 - 0.5,
+            "day_of_week": (hours // 24 % 7) / 6 - 0.5,
+            "hours_from_start": hours / shape.series_length - 0.5,
+        }
+        frame |= {k: calendar[k].astype(np.float32) for k in KNOWN[: shape.known]}
+    if shape.static_id:
+        frame["series_id"] = np.repeat(np.arange(shape.series), shape.series_length)
+    return frame
 
 
 def feature_names(frame: dict[str, np.ndarray]) -> list[str]:
     return [c for c in frame if c.startswith("f")]
 
 
+def known_names(frame: dict[str, np.ndarray]) -> list[str]:
+    return [c for c in KNOWN if c in frame]
+
+
 def build_datamodule(
-    frame: dict[str, np.ndarray], workdir: Path
+    shape: Shape, frame: dict[str, np.ndarray], workdir: Path
 ) -> tuple[ParquetDataModule, float]:
-    """Ours go through foxhunt's own Parquet pipeline; returns the module and its setup time."""
+    """Ours go through foxhunt's own Parquet pipeline; returns the module and its setup time.
+    The series are its groups, so that their index is the static id (`static_cat`)."""
     path = workdir / "bench.parquet"
-    pq.write_table(pa.table({k: pa.array(v) for k, v in frame.items()}), path)
+    columns = {k: v for k, v in frame.items() if k != "series_id"}
+    pq.write_table(pa.table({k: pa.array(v) for k, v in columns.items()}), path)
     cfg = DataConfig(
         path=str(path),
         time_column="time",
@@ -138,11 +196,12 @@ def build_datamodule(
         group_column="series",
         target="target",
         features=feature_names(frame),
-        encoder_length=ENCODER_LENGTH,
-        prediction_length=PREDICTION_LENGTH,
+        known_features=known_names(frame),
+        encoder_length=shape.encoder_length,
+        prediction_length=shape.prediction_length,
         val_fraction=0.1,
         test_fraction=0.1,
-        batch_size=BATCH_SIZE,
+        batch_size=shape.batch_size,
     )
     datamodule = ParquetDataModule(cfg)
     start = time.perf_counter()
@@ -162,7 +221,7 @@ def datamodule_windows_per_s(datamodule: ParquetDataModule) -> float:
 
 
 def pool_batches(
-    make_loader: Callable[[], Iterable[Any]], size: Callable[[Any], int], count: int
+    make_loader: Callable[[], Iterable[Any]], size: Callable[[Any], int], count: int, full: int
 ) -> list[Any]:
     """`count` full batches, cycling the loader if one pass has fewer (a ragged last batch
     would make the per-step work uneven)."""
@@ -170,7 +229,7 @@ def pool_batches(
     while len(pool) < count:
         before = len(pool)
         for batch in make_loader():
-            if size(batch) == BATCH_SIZE:
+            if size(batch) == full:
                 pool.append(batch)
                 if len(pool) == count:
                     break
@@ -179,17 +238,18 @@ def pool_batches(
     return pool
 
 
-# --- the two contenders -------------------------------------------------------------------
+# --- the contenders -------------------------------------------------------------------------
 
 
 @dataclass
 class Contender:
     """A model, its optimizer and pre-collected device batches, plus the figures measured.
 
-    `step` (one training step) and `evaluate` (one eval forward) hide the two batch formats:
-    ours is a dict, theirs (x, y) with x pytorch-forecasting's input dict."""
+    `step` (one training step) and `evaluate` (one eval forward) hide the batch formats: ours
+    is a dict, pytorch-forecasting's (x, y) with x its input dict, Darts' its tuple. Both run
+    under `autocast` (bf16) when set."""
 
-    name: str
+    name: str  # ours, theirs (pytorch-forecasting) or darts
     module: nn.Module  # the eager model: parameters, FLOPs and memory are measured on it
     step: Callable[[nn.Module, torch.optim.Optimizer, Any], Tensor]
     evaluate: Callable[[nn.Module, Any], Tensor]
@@ -201,15 +261,27 @@ class Contender:
     train_runs: list[float] = field(default_factory=list)  # samples/s, one per repeat
     eval_runs: list[float] = field(default_factory=list)  # ms/batch, one per repeat
     figures: dict[str, Any] = field(default_factory=dict)
+    autocast: torch.dtype | None = None  # bf16: the steps run under torch.autocast
 
     def __post_init__(self) -> None:
         self.model = self.module
-        # plain AdamW for both (foxhunt's training uses the fused one: make_optimizer)
+        # plain AdamW for all (foxhunt's training uses the fused one: make_optimizer)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=LEARNING_RATE)
         self.cursor = itertools.cycle(self.batches)
 
+    def _precision(self) -> Any:
+        device = next(self.module.parameters()).device.type
+        return torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None)
+
     def train_step(self, model: nn.Module | None = None) -> Tensor:
-        return self.step(self.model if model is None else model, self.optimizer, next(self.cursor))
+        with self._precision():
+            return self.step(
+                self.model if model is None else model, self.optimizer, next(self.cursor)
+            )
+
+    def eval_step(self) -> Tensor:
+        with self._precision():
+            return self.evaluate(self.model, next(self.cursor))
 
     @property
     def params(self) -> int:
@@ -225,18 +297,21 @@ def build_ours(
 ) -> Contender:
     torch.manual_seed(0)
     module = TemporalFusionTransformer(
-        num_observed=shape.encoder_vars - 1,  # the target's history + the features
-        num_known=0,  # the model appends the relative time index itself
-        prediction_length=PREDICTION_LENGTH,
+        num_observed=1 + shape.features,  # the target's history + the features
+        num_known=shape.known,  # the model appends the relative time index itself
+        prediction_length=shape.prediction_length,
+        static_cardinalities=(shape.series,) if shape.static_id else (),
         hidden_dim=shape.hidden,
         num_heads=shape.heads,
         lstm_layers=shape.lstm_layers,
         dropout=DROPOUT,
         variable_dim=shape.continuous_hidden,
-        quantiles=QUANTILES,
+        quantiles=shape.quantiles,
     ).to(device)
-    batches = pool_batches(datamodule.train_dataloader, lambda b: len(b["target"]), pool)
-    quantiles = torch.tensor(QUANTILES, device=device)
+    batches = pool_batches(
+        datamodule.train_dataloader, lambda b: len(b["target"]), pool, shape.batch_size
+    )
+    quantiles = torch.tensor(shape.quantiles, device=device)
     return Contender(
         name="ours",
         module=module,
@@ -265,16 +340,19 @@ def build_theirs(
     pf = import_pytorch_forecasting()
     from pytorch_forecasting.metrics import QuantileLoss
 
-    features = feature_names(frame)
+    features, known = feature_names(frame), known_names(frame)
+    static = ["series"] if shape.static_id else []
     dataset = pf.TimeSeriesDataSet(
-        pd.DataFrame(frame),
+        pd.DataFrame({k: v for k, v in frame.items() if k != "series_id"}),
         time_idx="time",
         target="target",
         group_ids=["series"],
-        max_encoder_length=ENCODER_LENGTH,
-        min_encoder_length=ENCODER_LENGTH,
-        max_prediction_length=PREDICTION_LENGTH,
-        min_prediction_length=PREDICTION_LENGTH,
+        max_encoder_length=shape.encoder_length,
+        min_encoder_length=shape.encoder_length,
+        max_prediction_length=shape.prediction_length,
+        min_prediction_length=shape.prediction_length,
+        static_categoricals=static,
+        time_varying_known_reals=known,
         time_varying_unknown_reals=["target", *features],
         add_relative_time_idx=True,
         add_target_scales=False,
@@ -289,15 +367,18 @@ def build_theirs(
         lstm_layers=shape.lstm_layers,
         hidden_continuous_size=shape.continuous_hidden,
         dropout=DROPOUT,
-        output_size=len(QUANTILES),
-        loss=QuantileLoss(list(QUANTILES)),
+        output_size=len(shape.quantiles),
+        loss=QuantileLoss(list(shape.quantiles)),
+        # the static id embedded as wide as ours (and DLE's) embed every input
+        embedding_sizes={k: (shape.series, shape.continuous_hidden) for k in static},
     ).to(device)
     batches = pool_batches(
-        lambda: dataset.to_dataloader(train=True, batch_size=BATCH_SIZE, num_workers=0),
+        lambda: dataset.to_dataloader(train=True, batch_size=shape.batch_size, num_workers=0),
         lambda b: len(b[1][0]),
         pool,
+        shape.batch_size,
     )
-    quantiles = torch.tensor(QUANTILES, device=device)
+    quantiles = torch.tensor(shape.quantiles, device=device)
     return Contender(
         name="theirs",
         module=module,
@@ -317,6 +398,92 @@ def their_train_step(
     x, y = batch
     optimizer.zero_grad(set_to_none=True)
     loss = quantile_loss(model(x)["prediction"], y, quantiles)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def build_darts(
+    shape: Shape, frame: dict[str, np.ndarray], pool: int, device: torch.device
+) -> Contender:
+    """Darts' TFTModel (`skip_interpolation=True`, its fast path since reports that its
+    interpolation took 90% of the time) on the same frame: the features as past covariates, the
+    known reals as future covariates, the id as a categorical static covariate, and Darts'
+    relative index as ours and pytorch-forecasting's. Its Lightning module is stepped by hand,
+    as the others: Darts' own batches (its training dataset and collate), forward and its
+    QuantileRegression loss, backward, AdamW."""
+    import pandas as pd
+    from darts import TimeSeries
+    from darts.models import TFTModel
+    from darts.utils.likelihood_models import QuantileRegression
+
+    features, known = feature_names(frame), known_names(frame)
+    length = shape.series_length
+
+    def series_of(columns: list[str], i: int) -> TimeSeries | None:
+        rows = slice(i * length, (i + 1) * length)
+        if not columns:
+            return None
+        return TimeSeries.from_values(np.stack([frame[c][rows] for c in columns], axis=1))
+
+    targets, past, future = [], [], []
+    for i in range(shape.series):
+        target = series_of(["target"], i)
+        if shape.static_id:
+            target = target.with_static_covariates(pd.DataFrame({"series_id": [i]}))
+        targets.append(target)
+        past.append(series_of(features, i))
+        future.append(series_of(known, i))
+    model = TFTModel(
+        input_chunk_length=shape.encoder_length,
+        output_chunk_length=shape.prediction_length,
+        hidden_size=shape.hidden,
+        lstm_layers=shape.lstm_layers,
+        num_attention_heads=shape.heads,
+        hidden_continuous_size=shape.continuous_hidden,
+        dropout=DROPOUT,
+        batch_size=shape.batch_size,
+        add_relative_index=True,
+        categorical_embedding_sizes=(
+            {"series_id": (shape.series, shape.continuous_hidden)} if shape.static_id else None
+        ),
+        likelihood=QuantileRegression(list(shape.quantiles)),
+        skip_interpolation=True,
+        random_state=0,
+        pl_trainer_kwargs={"accelerator": device.type, "logger": False},
+    )
+    dataset = model._build_train_dataset(  # Darts' own windows, as its fit() makes them
+        series=targets,
+        past_covariates=past if features else None,
+        future_covariates=future if known else None,
+        sample_weight=None,
+        max_samples_per_ts=None,
+    )
+    torch.manual_seed(0)
+    _, module, loader, _, _ = model._setup_for_train(dataset)  # builds the module
+    module = module.to(device)
+
+    def move(batch: tuple) -> tuple:
+        return tuple(None if t is None else t.to(device) for t in batch)
+
+    batches = pool_batches(lambda: loader, lambda b: len(b[0]), pool, shape.batch_size)
+    return Contender(
+        name="darts",
+        module=module,
+        step=darts_train_step,
+        # (past target, past cov, historic future cov, future cov, static cov) -> its output
+        evaluate=lambda model, batch: model._produce_train_output(batch[:5]),
+        tensors=lambda batch: [t for t in batch if t is not None],
+        batches=[move(b) for b in batches],
+    )
+
+
+def darts_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> Tensor:
+    """Darts' training step without Lightning's loop: its forward on the batch's inputs, its
+    likelihood's loss against the future target, backward, optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    output = model._produce_train_output(batch[:5])
+    loss = model._compute_loss(output, batch[-1], model.train_criterion, None)
     loss.backward()
     optimizer.step()
     return loss.detach()
@@ -435,7 +602,9 @@ def between_batches() -> None:
         SHARE.update()
 
 
-def time_training(c: Contender, warmup: int, steps: int, device: torch.device) -> float:
+def time_training(
+    c: Contender, warmup: int, steps: int, batch_size: int, device: torch.device
+) -> float:
     """Training samples/s of a plain loop over pre-collected batches, after warm-up steps."""
     c.model.train()
     for _ in range(warmup):
@@ -446,7 +615,7 @@ def time_training(c: Contender, warmup: int, steps: int, device: torch.device) -
         between_batches()
         c.train_step()
     sync(device)
-    return steps * BATCH_SIZE / (time.perf_counter() - start)
+    return steps * batch_size / (time.perf_counter() - start)
 
 
 def time_eval(c: Contender, batches: int, device: torch.device) -> float:
@@ -454,28 +623,37 @@ def time_eval(c: Contender, batches: int, device: torch.device) -> float:
     c.model.eval()
     try:
         with torch.no_grad():
-            c.evaluate(c.model, next(c.cursor))
+            c.eval_step()
             sync(device)
             start = time.perf_counter()
             for _ in range(batches):
                 between_batches()
-                c.evaluate(c.model, next(c.cursor))
+                c.eval_step()
             sync(device)
             return (time.perf_counter() - start) * 1000 / batches
     finally:
         c.model.train()
 
 
-def try_compile(c: Contender) -> str | None:
-    """torch.compile ours; on failure (no compiler, graph break errors) stay eager and say why.
+def try_compile(c: Contender, mode: str | None) -> str | None:
+    """torch.compile ours (`mode`: inductor's, e.g. reduce-overhead for CUDA graphs); on failure
+    (no compiler, graph break errors) stay eager and say why.
 
-    The first compiled step runs here, so compilation never lands in a timed loop."""
+    The first compiled steps run here, so compilation never lands in a timed loop: training and
+    evaluation each compile their own graph."""
     try:
-        c.model = torch.compile(c.module)
-        c.train_step()
+        c.model = torch.compile(c.module, mode=mode)
+        for _ in range(2):  # CUDA graphs record on a later call than the first
+            c.train_step()
+        c.model.eval()
+        with torch.no_grad():
+            for _ in range(2):
+                c.eval_step()
+        c.model.train()
         return None
     except Exception as exc:  # any compile failure is reported, not fatal
         c.model = c.module
+        c.model.train()
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
@@ -486,11 +664,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def summarize(c: Contender, gemm: float) -> dict[str, Any]:
+def summarize(c: Contender, gemm: float, batch_size: int) -> dict[str, Any]:
     f = c.figures
     train = statistics.median(c.train_runs)
     gflop = f["gflop_per_step"]  # None with --lean
-    achieved = None if gflop is None else gflop * train / BATCH_SIZE  # GFLOP/step x steps/s
+    achieved = None if gflop is None else gflop * train / batch_size  # GFLOP/step x steps/s
     return {
         "params": c.params,
         "train_samples_per_s": train,
@@ -505,76 +683,131 @@ def summarize(c: Contender, gemm: float) -> dict[str, Any]:
     }
 
 
+def comparison(ours: dict[str, Any], theirs: dict[str, Any] | None) -> dict[str, float | None]:
+    """Ours against one contender: speedups (> 1: ours faster) and ratios (ours / theirs)."""
+    if theirs is None:
+        return dict.fromkeys(("param_ratio", "train_speedup", "eval_speedup", "memory_ratio"))
+    return {
+        "param_ratio": _ratio(ours["params"], theirs["params"]),
+        "train_speedup": _ratio(ours["train_samples_per_s"], theirs["train_samples_per_s"]),
+        "eval_speedup": _ratio(theirs["eval_ms_per_batch"], ours["eval_ms_per_batch"]),
+        "memory_ratio": _ratio(ours["peak_mib"], theirs["peak_mib"]),
+    }
+
+
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
 def print_table(result: dict[str, Any]) -> None:
-    ours, theirs = result["ours"], result["theirs"] or {}
+    names = ["ours", *(n for n in ("theirs", "darts") if result[n] is not None)]
+    figures = [result[n] for n in names]
+    versus = [result if n == "theirs" else result["vs_darts"] for n in names[1:]]
     g = result["gemm_gflops"]
     rows: list[list[str]] = []
 
-    def row(label: str, key: str, fmt: str, ratio: float | None = None, meaning: str = "") -> None:
-        cells = [_cell(ours.get(key), fmt), _cell(theirs.get(key), fmt), _cell(ratio, ".3f")]
-        rows.append([label, *cells, meaning if ratio is not None else ""])
+    def row(label: str, key: str, fmt: str, ratio_key: str | None = None) -> None:
+        cells = [_cell(f.get(key), fmt) for f in figures]
+        if ratio_key is None:  # ours / theirs of the figure itself
+            ratios = [_ratio(figures[0].get(key), f.get(key)) for f in figures[1:]]
+        else:
+            ratios = [v[ratio_key] for v in versus]
+        rows.append([label, *cells, *(_cell(r, ".3f") for r in ratios)])
 
-    row("parameters", "params", ",d", result["param_ratio"], "ours/theirs")
-    row("train samples/s", "train_samples_per_s", ".1f", result["train_speedup"], "speedup")
-    row("eval ms/batch", "eval_ms_per_batch", ".2f", result["eval_speedup"], "speedup")
-    row("peak train-step MiB", "peak_mib", ".1f", result["memory_ratio"], "ours/theirs")
-    parts = [ours["peak_breakdown_mib"], theirs.get("peak_breakdown_mib")]
-    if ours["peak_breakdown_mib"] is not None:  # --lean on CUDA: no breakdown
-        rows += [[*r, "", ""] for r in breakdown_rows(parts, indent="  ")]
+    row("parameters", "params", ",d", "param_ratio")
+    row("train samples/s", "train_samples_per_s", ".1f", "train_speedup")
+    row("eval ms/batch", "eval_ms_per_batch", ".2f", "eval_speedup")
+    row("peak train-step MiB", "peak_mib", ".1f", "memory_ratio")
+    parts = [f["peak_breakdown_mib"] for f in figures]
+    if parts[0] is not None:  # --lean on CUDA: no breakdown
+        blank = [""] * (len(names) - 1)
+        rows += [[*r, *blank] for r in breakdown_rows(parts, indent="  ")]
     for label, key in (
         ("GFLOP/step (fwd+bwd)", "gflop_per_step"),
         ("achieved GFLOP/s", "achieved_gflops"),
         ("fraction of matmul rate", "gemm_fraction"),
     ):
-        fmt = ".3f" if key == "gemm_fraction" else ".2f"
-        row(label, key, fmt, _ratio(ours.get(key), theirs.get(key)), "ours/theirs")
+        row(label, key, ".3f" if key == "gemm_fraction" else ".2f")
 
     print(
-        f"TFT benchmark: config {result['config']}, device {result['device']}, "
-        f"torch {result['torch']}, {result['threads']} threads; median of {result['repeats']} "
-        f"repeats of {result['steps']} steps (batch {BATCH_SIZE}), "
-        f"{result['eval_batches']} eval batches"
+        f"TFT benchmark: config {result['config']}, device {result['device']} "
+        f"({result['device_name']}), {result['precision']}, torch {result['torch']}, "
+        f"{result['threads']} threads; median of {result['repeats']} repeats of "
+        f"{result['steps']} steps (batch {result['batch_size']}), {result['eval_batches']} "
+        "eval batches"
     )
+    kept = "kept mapped (foxhunt.memory.heap)" if result["heap_kept"] else "malloc's default"
+    print(f"freed host memory: {kept}, for all contenders alike")
     gemm_line = f"matmul fp32: {g:.1f} GFLOP/s"
     if result.get("gemm_bf16_gflops"):
         gemm_line += f", bf16: {result['gemm_bf16_gflops']:.1f} GFLOP/s"
     print(gemm_line)
     if result["compile"]:
         print(f"ours compiled: {result['compile_error'] or 'yes'} (memory and FLOPs: eager)")
-    print(format_table(["", "ours", "theirs", "ratio", ""], rows, align="lrrrl"))
-    print(
-        f"DataModule train loader: {result['datamodule_windows_per_s']:.0f} windows/s = "
-        f"{result['datamodule_vs_train']:.1f}x ours' training samples/s "
-        f"(setup {result['datamodule_setup_s']:.2f} s)"
-    )
+    for name in ("theirs", "darts"):
+        if result.get(f"{name}_error"):
+            print(f"{name}: left out ({result[f'{name}_error']})")
+    labels = {"ours": "ours", "theirs": "pytorch-forecasting", "darts": "darts"}
+    header = ["", *(labels[n] for n in names), *(f"vs {labels[n]}" for n in names[1:])]
+    print(format_table(header, rows, align="l" + "r" * (2 * len(names) - 1)))
+    print("(vs: speedup for samples/s and ms/batch, ours/theirs for the rest)")
+    if result["datamodule_windows_per_s"] is not None:
+        print(
+            f"DataModule train loader: {result['datamodule_windows_per_s']:.0f} windows/s = "
+            f"{result['datamodule_vs_train']:.1f}x ours' training samples/s "
+            f"(setup {result['datamodule_setup_s']:.2f} s)"
+        )
+    if result["config"] == "DLE" and result["device"] == "cuda":
+        print(
+            "NVIDIA's TFT at this shape (their README): 12,435 items/s TF32 and 17,608 AMP on one "
+            "A100-80GB; 5,932 / 10,163 on a V100-16GB"
+        )
     cores, load = result["cpu_count"] or 1, max(result["load_avg"])
     if load > cores:
         print(
             f"NOTE: load average {load:.1f} on {cores} cores: other work shared the CPU, so "
             "the figures are noisy (oversubscribed OpenMP threads slow down a lot: try --threads 1)"
         )
-    if result["param_warning"]:
-        print(result["param_warning"])
+    for warning in result["param_warnings"]:
+        print(warning)
 
 
 # --- main -----------------------------------------------------------------------------------
+
+THEIRS = {"pf": "theirs", "darts": "darts"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", choices=sorted(CONFIGS), required=True)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "tf32", "bf16"),
+        default="fp32",
+        help="tf32: float32 with TF32 matmuls (CUDA); bf16: torch.autocast bfloat16 for all",
+    )
+    p.add_argument("--batch-size", type=int, help="instead of the config's (S and B 64, DLE 1024)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before each timing")
-    p.add_argument("--steps", type=int, help="timed training steps per repeat (S 20, B 2)")
+    p.add_argument("--steps", type=int, help="timed training steps per repeat (S 20, B 2, DLE 2)")
     p.add_argument("--eval-batches", type=int, help="timed eval batches per repeat (S 20, B 1)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--skip-theirs", action="store_true", help="only ours; ratios are null")
+    p.add_argument(
+        "--theirs",
+        default="pf",
+        help="contenders beside ours, comma-separated: pf (pytorch-forecasting), darts; none",
+    )
+    p.add_argument("--skip-theirs", action="store_true", help="the same as --theirs none")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: as is)")
+    p.add_argument(
+        "--malloc-default",
+        action="store_true",
+        help="leave glibc's malloc as it is (foxhunt's training keeps freed memory mapped)",
+    )
     p.add_argument("--compile", action="store_true", help="wrap ours in torch.compile")
+    p.add_argument(
+        "--compile-mode", help="torch.compile's mode (reduce-overhead: CUDA graphs on CUDA)"
+    )
     p.add_argument(
         "--lean",
         action="store_true",
@@ -586,9 +819,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.eval_batches = (
         shape.default_eval_batches if args.eval_batches is None else args.eval_batches
     )
-    if min(args.steps, args.eval_batches, args.repeats) < 1 or args.warmup < 0:
-        p.error("--steps, --eval-batches and --repeats must be >= 1, --warmup >= 0")
+    if min(args.steps, args.eval_batches, args.repeats, args.batch_size or 1) < 1:
+        p.error("--steps, --eval-batches, --repeats and --batch-size must be >= 1")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    args.shape = replace(shape, batch_size=args.batch_size or shape.batch_size)
+    theirs = [] if args.skip_theirs else [t for t in args.theirs.split(",") if t != "none"]
+    if set(theirs) - set(THEIRS):
+        p.error(f"--theirs takes pf, darts or none, got {args.theirs!r}")
+    args.theirs = [THEIRS[t] for t in THEIRS if t in theirs]
     return args
+
+
+def importable(name: str) -> str | None:
+    """Why contender `name` cannot run here (its library does not import), or None."""
+    module = {"theirs": "pytorch_forecasting", "darts": "darts.models"}[name]
+    try:
+        __import__(module)
+    except Exception as exc:  # not installed, or one of its own imports fails
+        return f'{module}: {type(exc).__name__}: {exc}; pip install -e ".[bench]"'
+    return None
+
+
+def set_precision(precision: str) -> torch.dtype | None:
+    """TF32 matmuls for tf32 (CUDA; plain float32 elsewhere), the autocast dtype for bf16 (on a
+    CPU without oneDNN bfloat16 our LSTMs run in float32 under it, as foxhunt's bf16 does)."""
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    return torch.bfloat16 if precision == "bf16" else None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -596,26 +854,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: CUDA is not available", file=sys.stderr)
         sys.exit(2)
-    if not args.skip_theirs:
-        import_pytorch_forecasting()  # fail fast, before minutes of work
+    missing = {name: importable(name) for name in args.theirs}
+    if missing.get("theirs"):  # asked for by name: fail fast, before minutes of work
+        print(f"pytorch-forecasting: {missing['theirs']}", file=sys.stderr)
+        sys.exit(2)
+    # foxhunt's training keeps freed memory mapped (foxhunt.memory.heap); in this one process
+    # it serves every contender alike, so the ratios do not count it (--malloc-default: off)
+    heap_kept = not args.malloc_default and keep_freed_memory()
     global SHARE
     if args.threads:
         torch.set_num_threads(args.threads)
     elif args.device == "cpu" and not threads_off():
         SHARE = CpuShare()
     device = torch.device(args.device)
-    shape = CONFIGS[args.config]
+    autocast = set_precision(args.precision)
+    shape = args.shape
     pool = min(max(args.warmup + args.steps, args.eval_batches + 1), MAX_BATCH_POOL)
 
     load_start = os.getloadavg()[0]
     log(f"building data and models for config {args.config} ...")
     frame = make_frame(shape)
     with tempfile.TemporaryDirectory() as tmp:
-        datamodule, setup_s = build_datamodule(frame, Path(tmp))  # setup() reads it all
+        datamodule, setup_s = build_datamodule(shape, frame, Path(tmp))  # setup() reads it all
     contenders = [build_ours(shape, datamodule, pool, device)]
-    if not args.skip_theirs:
-        log("theirs: TimeSeriesDataSet and model ...")
-        contenders.append(build_theirs(shape, frame, pool, device))
+    builders = {"theirs": build_theirs, "darts": build_darts}
+    errors: dict[str, str | None] = dict.fromkeys(("theirs", "darts"))
+    for name in args.theirs:
+        if missing[name]:
+            errors[name] = missing[name]
+            log(f"{name}: left out: {missing[name]}")
+            continue
+        log(f"{name}: its dataset and model ...")
+        contenders.append(builders[name](shape, frame, pool, device))
+    for c in contenders:
+        c.autocast = autocast
 
     log("matmul rates and the DataModule's rate ...")
     gemm = gemm_gflops(device, torch.float32)
@@ -637,30 +909,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             c, device, breakdown_on_cuda=not args.lean
         )
         if args.compile and c.name == "ours":
-            compile_error = try_compile(c)
+            log("ours: compiling (the first steps) ...")
+            compile_error = try_compile(c, args.compile_mode)
             if compile_error:
                 print(f"WARNING: torch.compile failed, ours runs eagerly: {compile_error}")
 
-    # Alternate so that machine drift (other jobs, clocks) spreads over both alike.
+    # Alternate so that machine drift (other jobs, clocks) spreads over all alike.
     for r in range(args.repeats):
         for c in contenders:
             log(f"repeat {r + 1}/{args.repeats}: {c.name} ...")
-            c.train_runs.append(time_training(c, args.warmup, args.steps, device))
+            c.train_runs.append(time_training(c, args.warmup, args.steps, shape.batch_size, device))
             c.eval_runs.append(time_eval(c, args.eval_batches, device))
 
-    ours = summarize(contenders[0], gemm)
-    theirs = summarize(contenders[1], gemm) if len(contenders) > 1 else None
-    param_ratio = _ratio(ours["params"], theirs["params"]) if theirs else None
-    param_warning = None
-    if param_ratio is not None and abs(param_ratio - 1) > PARAM_TOLERANCE:
-        param_warning = (
-            f"WARNING: parameter counts differ by more than {PARAM_TOLERANCE:.0%}: "
-            f"ours {ours['params']:,} vs theirs {theirs['params']:,}; the comparison is unfair"
-        )
+    figures = {c.name: summarize(c, gemm, shape.batch_size) for c in contenders}
+    ours = figures["ours"]
+    theirs, darts = figures.get("theirs"), figures.get("darts")
+    param_warnings = [
+        f"WARNING: parameter counts differ by more than {PARAM_TOLERANCE:.0%}: ours "
+        f"{ours['params']:,} vs {name} {other['params']:,}; the comparison is unfair"
+        for name, other in (("pytorch-forecasting", theirs), ("darts", darts))
+        if other is not None and abs(ours["params"] / other["params"] - 1) > PARAM_TOLERANCE
+    ]
     result: dict[str, Any] = {
         "config": args.config,
         "device": args.device,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": args.precision,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
@@ -670,16 +944,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "eval_batches": args.eval_batches,
+        "batch_size": shape.batch_size,
+        "heap_kept": heap_kept,
         "compile": args.compile,
+        "compile_mode": args.compile_mode,
         "compile_error": compile_error,
         "lean": args.lean,
-        "param_ratio": param_ratio,
-        "param_warning": param_warning,
-        "train_speedup": _ratio(
-            ours["train_samples_per_s"], theirs and theirs["train_samples_per_s"]
-        ),
-        "eval_speedup": _ratio(theirs and theirs["eval_ms_per_batch"], ours["eval_ms_per_batch"]),
-        "memory_ratio": _ratio(ours["peak_mib"], theirs and theirs["peak_mib"]),
+        **comparison(ours, theirs),  # against pytorch-forecasting, as before Darts came
+        "param_warnings": param_warnings,
+        "param_warning": param_warnings[0] if param_warnings else None,
+        "vs_darts": comparison(ours, darts),
         "gemm_gflops": gemm,
         "gemm_bf16_gflops": gemm_bf16,
         "datamodule_windows_per_s": dm_rate,
@@ -687,6 +961,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "datamodule_vs_train": dm_rate / ours["train_samples_per_s"],
         "ours": ours,
         "theirs": theirs,
+        "darts": darts,
+        "theirs_error": errors["theirs"],
+        "darts_error": errors["darts"],
     }
     print_table(result)
     print(json.dumps(result))

@@ -5,11 +5,12 @@
 # wheels in .whl (git-ignored; how to make it: below) and are installed into /tmp/site.
 # Output: $OUT/gpu_check.log (everything printed), $OUT/gpu_check.json (written after every
 # section), $OUT/seed_train.log; $OUT defaults to outputs/gpu_check.
-# Time: --budget-s (default 350, the plan's sum) for the sections together, each with a share
+# Time: --budget-s (default 520, the plan's sum) for the sections together, each with a share
 # (TIME_PLAN_S in benchmarks/gpu_check/runner.py) that scales with it; --section-budget
 # NAME=SECONDS sets one.
-# With the wheels' install and the imports, the command takes at most about 6 minutes; the
-# machine's start comes on top.
+# With the wheels' install and the imports, the command takes at most about 9 minutes (a device
+# command may run 10); the machine's start comes on top. Two shorter commands: --sections
+# env,estimator,seed then --sections with the bench_* ones.
 # Making .whl (once, on a machine with PyPI; the versions are those pyproject.toml resolves to):
 #   echo /.whl/ >> .git/info/exclude
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from foxhunt.memory import PART_NAMES
+from foxhunt.models import TemporalFusionTransformer
 from tests.helpers import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "bench_tft.py"
@@ -69,3 +70,29 @@ def test_bench_script_ours_only_ends_with_json() -> None:
     assert list(breakdown) == list(PART_NAMES)  # the parts the memory estimator names
     assert breakdown["parameters"] > 0 and breakdown["optimizer_state"] > 0
     assert sum(breakdown.values()) == pytest.approx(ours["peak_mib"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_dle_configuration_feeds_a_static_id_and_known_inputs() -> None:
+    """NVIDIA's configuration (hidden 128, 4 heads, encoder 168, decoder 24, 3 quantiles) at a
+    small batch: the model it times has the static id (369 series) and three known inputs."""
+    args = ["--config", "DLE", "--batch-size", "8", "--skip-theirs", "--lean"]
+    args += ["--steps", "1", "--eval-batches", "1", "--repeats", "1", "--warmup", "0"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["config"] == "DLE" and result["batch_size"] == 8
+    expected = TemporalFusionTransformer(
+        num_observed=1,
+        num_known=3,
+        prediction_length=24,
+        static_cardinalities=(369,),
+        hidden_dim=128,
+        num_heads=4,
+        variable_dim=128,
+        quantiles=(0.1, 0.5, 0.9),
+    ).num_parameters()
+    assert result["ours"]["params"] == expected
+    assert result["ours"]["train_samples_per_s"] > 0 and result["ours"]["peak_mib"] > 0

@@ -145,6 +145,7 @@ def test_unknown_key_fails_at_composition():
     [
         ("model.num_heads=3", "not divisible by model.num_heads=3"),
         ("model.quantiles=[0.9,0.5]", "strictly increasing"),
+        ("model.compile=fast", "model.compile must be auto, true, false or one of default, "),
         ("model.quantiles=[0.5,1.0]", "strictly increasing"),
         ("data.encoder_length=0", "data.encoder_length must be positive"),
         ("data.val_fraction=0.9", "sum to less than 1"),

@@ -1,7 +1,7 @@
 """The GPU check (#18): foxhunt's CUDA paths measured in one command, within minutes.
 
     bash benchmarks/gpu_check.sh                     # on the GPU machine: wheels, then this
-    python -m benchmarks.gpu_check [--device cuda|cpu] [--quick] [--out DIR] [--budget-s 350]
+    python -m benchmarks.gpu_check [--device cuda|cpu] [--quick] [--out DIR] [--budget-s 520]
                                    [--section-budget NAME=SECONDS ...] [--sections a,b,...]
 
 from the repository root. A module a section (env, fused_vsn, budget, estimator with
@@ -22,12 +22,15 @@ Sections, in this order; one that fails records its error and the next one runs:
              epoch cut by trainer.limit_*_batches: exit status, the searched batch sizes, OOM
              backoffs, the allocator's peaks, each phase's time, and whether the peak reserved
              plus the CUDA context fits a real 4 GB card
-  bench_B,   benchmarks/bench_tft.py --config B|S against pytorch-forecasting (--skip-theirs
-  bench_S    when it is not installed; B with --lean: no FLOP count, no MemTracker breakdown)
+  bench_*    benchmarks/bench_tft.py against pytorch-forecasting (--skip-theirs when it is not
+             installed): DLE (NVIDIA's TFT configuration: hidden 128, encoder 168, decoder 24,
+             batch 1,024) in TF32 and in bf16, then ours alone compiled (inductor) and with
+             CUDA graphs (reduce-overhead), which model.compile=auto's CUDA default waits for;
+             config B; config S. All --lean but S: no FLOP count, no MemTracker breakdown
 After every section the results so far go to OUT/gpu_check.json; each section prints a table,
 and the last line of the output is one JSON object with every figure.
 
-Time plan: each section has a share of --budget-s (runner.TIME_PLAN_S, 350 s in all; scaled when
+Time plan: each section has a share of --budget-s (runner.TIME_PLAN_S, 520 s in all; scaled when
 --budget-s differs, or --sections picks some; --section-budget sets one share in seconds and
 the others share the rest). Time a section leaves unspent rolls forward to the next ones (the
 last, bench_S, gets what is left); a section whose budget falls under its minimum is skipped.

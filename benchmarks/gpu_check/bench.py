@@ -1,5 +1,6 @@
-"""Sections bench_B and bench_S: benchmarks/bench_tft.py --config B|S, ours against
-pytorch-forecasting (--skip-theirs when it is not installed), in its own process."""
+"""Sections bench_*: benchmarks/bench_tft.py (its options from `Sizes.bench_args`: the DLE
+configuration in TF32 and bf16, ours compiled, configs B and S), ours against pytorch-forecasting
+(--theirs none when it is not installed), each in its own process."""
 
 from __future__ import annotations
 
@@ -20,29 +21,33 @@ if TYPE_CHECKING:
 BENCH_TFT = ROOT / "benchmarks" / "bench_tft.py"
 
 
-def bench_section(config: str) -> Callable[[Check, float], dict[str, Any]]:
+def bench_section(key: str) -> Callable[[Check, float], dict[str, Any]]:
+    """The section that runs bench_tft.py with `Sizes.bench_args[key]`."""
+
     def run(check: Check, budget_s: float) -> dict[str, Any]:
-        if config not in check.sizes.bench_args:
-            return {"status": "skipped", "why": f"config {config} is not run with --quick"}
+        if key not in check.sizes.bench_args:
+            return {"status": "skipped", "why": f"{key} is not run with --quick"}
         deadline = time.monotonic() + budget_s
-        theirs = importlib.util.find_spec("pytorch_forecasting") is not None
-        result = run_bench(check, config, theirs, deadline)
+        args = check.sizes.bench_args[key]
+        theirs = "--skip-theirs" not in args and (
+            importlib.util.find_spec("pytorch_forecasting") is not None
+        )
+        result = run_bench(check, args, theirs, deadline)
         if theirs and "pytorch-forecasting:" in result.get("stderr_tail", ""):
             # theirs would not import (bench_tft says so at once): ours alone, on the same time
             log("pytorch-forecasting does not import: ours alone")
             failed = result["stderr_tail"][-500:]
-            result = run_bench(check, config, False, deadline) | {"theirs_error": failed}
+            result = run_bench(check, args, False, deadline) | {"theirs_error": failed}
         return result
 
     return run
 
 
-def run_bench(check: Check, config: str, theirs: bool, deadline: float) -> dict[str, Any]:
+def run_bench(check: Check, args: tuple[str, ...], theirs: bool, deadline: float) -> dict[str, Any]:
     """benchmarks/bench_tft.py in its own process; its figures from its last line (JSON)."""
     free_memory(check.device)
-    args = check.sizes.bench_args[config]
-    cmd = [sys.executable, str(BENCH_TFT), "--config", config, "--device", check.device.type]
-    cmd += [*args, *([] if theirs else ["--skip-theirs"])]
+    cmd = [sys.executable, str(BENCH_TFT), "--device", check.device.type, *args]
+    cmd += [] if theirs or "--skip-theirs" in args else ["--skip-theirs"]
     log("[bench] " + " ".join(cmd[1:]))
     timeout = max(deadline - time.monotonic(), 1)
     try:
@@ -78,6 +83,11 @@ def run_bench(check: Check, config: str, theirs: bool, deadline: float) -> dict[
         "param_ratio": bench["param_ratio"],
         "ours_train_samples_per_s": ours["train_samples_per_s"],
         "theirs_train_samples_per_s": them.get("train_samples_per_s"),
+        "ours_eval_ms_per_batch": ours["eval_ms_per_batch"],
+        "theirs_eval_ms_per_batch": them.get("eval_ms_per_batch"),
+        "precision": bench.get("precision"),
+        "compile": bench.get("compile_mode") or bench.get("compile"),
+        "compile_error": bench.get("compile_error"),
         "ours_peak_mib": ours["peak_mib"],
         "theirs_peak_mib": them.get("peak_mib"),
         "bench": bench,

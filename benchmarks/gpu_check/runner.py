@@ -57,29 +57,39 @@ Section = Callable[[Check, float], dict[str, Any]]
 # name, function, least seconds it needs to be worth starting, in the order they run
 SECTIONS: list[tuple[str, Section, float]] = [
     ("env", section_env, 0),
-    ("fused_vsn", section_fused_vsn, 5),
-    ("budget", section_budget, 2),
     ("estimator", section_estimator, 15),
     ("seed", section_seed, 60),
+    ("bench_DLE", bench_section("DLE"), 20),
+    ("bench_DLE_bf16", bench_section("DLE_bf16"), 20),
+    ("bench_DLE_compiled", bench_section("DLE_compiled"), 30),
+    ("bench_DLE_graphs", bench_section("DLE_graphs"), 30),
     ("bench_B", bench_section("B"), 30),
+    ("fused_vsn", section_fused_vsn, 5),
+    ("budget", section_budget, 2),
     ("bench_S", bench_section("S"), 15),
 ]
-# each section's share of the default --budget-s, their sum: 350 s, so that with the imports
-# before the clock starts and gpu_check.sh's wheels the command stays within 6 minutes. As
-# measured on an H200 (2026-11-30): env 3 s, fused_vsn 11 s, budget 1 s, estimator 95 s for 12
-# cases (now 8, traced by ESTIMATE_WORKERS processes beside the steps: ~30 s expected), seed
-# over 140 s (a 74 s search, a 19 s epoch, then the test and rank 0's evaluation, unfinished),
-# bench_S 33 s, bench_B over 70 s (in the FLOP count and MemTracker, now --lean). What env,
-# fused_vsn, budget and the estimator leave unspent (~30 s) rolls forward: bench_B can expect
-# ~120 s, and bench_S what bench_B leaves.
+# each section's share of the default --budget-s, their sum: 520 s, so that with the imports
+# before the clock starts and gpu_check.sh's wheels the command stays within 10 minutes (a
+# device command's limit). Order: what the last run (2026-11-30, an H200) left unmeasured first
+# (the net estimator errors, the seed scenario under the context-aware cap, config B), with the
+# DLE configuration; fused_vsn, budget and bench_S, measured then, last. As measured then: env
+# 3 s, estimator 95 s for 12 cases (now 8 and validation's cuDNN attribution, traced by
+# ESTIMATE_WORKERS processes beside the steps), seed over 140 s (a 74 s search, a 19 s epoch,
+# then the test, unfinished), bench_S 33 s, bench_B over 70 s (now --lean). Unmeasured: the DLE
+# sections (a step of batch 1,024 is ~20x config S's work; compiling ours, a minute or more).
+# Time a section leaves unspent rolls forward to the next.
 TIME_PLAN_S = {
     "env": 8,
+    "estimator": 55,
+    "seed": 150,
+    "bench_DLE": 45,
+    "bench_DLE_bf16": 35,
+    "bench_DLE_compiled": 60,
+    "bench_DLE_graphs": 50,
+    "bench_B": 75,
     "fused_vsn": 12,
     "budget": 3,
-    "estimator": 45,
-    "seed": 170,
-    "bench_B": 87,
-    "bench_S": 25,
+    "bench_S": 27,
 }
 
 
@@ -153,10 +163,15 @@ def _headline(name: str, s: dict[str, Any]) -> str:
             for k, c in s["cases"].items()
         )
     if name.startswith("bench"):
+        ours = f"ours {cell(s.get('ours_train_samples_per_s'), ',.0f')} samples/s"
+        if s.get("compile"):
+            ours += f" compiled ({s['compile_error'] or s['compile']})"
+        if not s.get("theirs"):
+            return ours + ", alone"
         return (
-            f"train speedup {cell(s.get('train_speedup'), '.2f')}, eval speedup "
+            f"{ours}; train speedup {cell(s.get('train_speedup'), '.2f')}, eval speedup "
             f"{cell(s.get('eval_speedup'), '.2f')}, memory ratio "
-            f"{cell(s.get('memory_ratio'), '.2f')}" + ("" if s.get("theirs") else ", ours only")
+            f"{cell(s.get('memory_ratio'), '.2f')}"
         )
     return ""
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the DLE configuration's timing on a GPU: 20 steps of batch 1,024 a repeat
+DLE = ("--config", "DLE", "--lean", "--steps", "20", "--eval-batches", "5", "--warmup", "3")
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -15,7 +18,7 @@ class Sizes:
     seed_overrides: tuple[str, ...]  # scripts/train.py's, besides the scenario's own
     vsn: tuple[int, int, int, int, int, int]  # variables, variable_dim, hidden, context, B, T
     vsn_repeats: int
-    bench_args: dict[str, tuple[str, ...]]  # bench_tft.py's options by config; absent: not run
+    bench_args: dict[str, tuple[str, ...]]  # bench_tft.py's options by section; absent: not run
 
 
 FULL = Sizes(
@@ -40,8 +43,19 @@ FULL = Sizes(
     vsn_repeats=3,
     # B: FlopCounterMode and MemTracker over pytorch-forecasting's 225 per-variable modules
     # outlasted 55-70 s budgets on an H200: --lean (the FLOP count does not depend on the
-    # device; the allocator's peak stands)
-    bench_args={"S": (), "B": ("--lean",)},
+    # device; the allocator's peak stands). DLE: NVIDIA's published configuration, TF32 and
+    # bf16 against pytorch-forecasting, then ours compiled (inductor, then CUDA graphs) alone:
+    # the measurement model.compile=auto's CUDA default waits for
+    bench_args={
+        "DLE": DLE + ("--precision", "tf32"),
+        "DLE_bf16": DLE + ("--precision", "bf16"),
+        "DLE_compiled": DLE + ("--precision", "bf16", "--skip-theirs", "--compile"),
+        "DLE_graphs": DLE
+        + ("--precision", "bf16", "--skip-theirs", "--compile")
+        + ("--compile-mode", "reduce-overhead"),
+        "B": ("--config", "B", "--lean"),
+        "S": ("--config", "S"),
+    },
 )
 QUICK = Sizes(
     # both models and both precisions once (tft_base's bf16 step alone takes 16 s on a CPU)
@@ -61,6 +75,7 @@ QUICK = Sizes(
     # B: 77M parameters, a TFLOP a step; minutes on a CPU, GPU only. S with --lean, the
     # option B runs with on the GPU
     bench_args={
-        "S": ("--steps", "1", "--eval-batches", "1", "--repeats", "1", "--warmup", "0", "--lean")
+        "S": ("--config", "S", "--steps", "1", "--eval-batches", "1", "--repeats", "1")
+        + ("--warmup", "0", "--lean")
     },
 )

@@ -162,6 +162,10 @@ class DataConfig:
     cache_dir: str | None = None  # the window store's folder; None: .foxhunt-cache by the data
 
 
+# torch.compile's modes, which model.compile also takes
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class ModelConfig:
     name: str = "tft_small"
@@ -175,8 +179,10 @@ class ModelConfig:
     highway: bool = True
     # quantiles in order by construction (foxhunt.models.blocks.MonotoneQuantiles)
     monotone: bool = True
-    # torch.compile the model (inductor); not part of the architecture, so resume may toggle it
-    compile: bool = False
+    # torch.compile the model (inductor): auto (the measured default of the device it trains
+    # on, foxhunt.training.module.COMPILE_BY_DEVICE), true, false, or one of torch.compile's
+    # modes (reduce-overhead: CUDA graphs); not part of the architecture, so resume may toggle it
+    compile: Any = "auto"
 
 
 @dataclass
@@ -466,6 +472,11 @@ def validate(cfg: Any) -> None:
     _check(m.lstm_layers > 0, f"model.lstm_layers must be positive, got {m.lstm_layers}")
     _check(m.variable_dim > 0, f"model.variable_dim must be positive, got {m.variable_dim}")
     _check(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
+    _check(
+        m.compile in (True, False, "auto", *COMPILE_MODES),
+        f"model.compile must be auto, true, false or one of {', '.join(COMPILE_MODES)}, "
+        f"got {m.compile!r}",
+    )
     q = list(m.quantiles)
     _check(
         len(q) > 0 and all(0 < x < 1 for x in q) and all(a < b for a, b in itertools.pairwise(q)),

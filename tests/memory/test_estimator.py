@@ -22,6 +22,7 @@ from foxhunt.memory import (
     max_batch_size,
     measure,
     onednn_lstm_workspace_bytes,
+    trace,
 )
 from foxhunt.memory.budget import live_tensors
 from foxhunt.memory.estimator import resolve_device
@@ -233,3 +234,16 @@ def test_cli_budget_too_small_is_one_line_exit_2(tmp_path, es_sample):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: batch size 1 needs")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_planning_cuda_holds_cudnns_lstm_workspace_during_each_lstm_call(es_sample, monkeypatch):
+    """A validation step planned for CUDA counts the workspace cuDNN allocates inside an LSTM
+    call (the bound of foxhunt.memory.trace): the encoder's at least, over the same trace
+    without it."""
+    cfg = small(es_sample)
+    with_workspace = estimate(cfg, 256, device="cuda").val.allocated
+    monkeypatch.setattr(trace, "cudnn_lstm_workspace_bytes", lambda *args: 0)
+    without = estimate(cfg, 256, device="cuda").val.allocated
+    m, d = cfg.model, cfg.data
+    encoder = m.lstm_layers * d.encoder_length * 256 * 4 * m.hidden_dim * 4  # fp32
+    assert with_workspace - without >= encoder

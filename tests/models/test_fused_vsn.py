@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from foxhunt.memory.budget import LiveTensorBytes
 from foxhunt.models import fused_vsn
 from foxhunt.models.blocks import VariableSelectionNetwork
+from foxhunt.models.dropout import keep_mask
 from foxhunt.models.fused_vsn import selected_grns
 
 
@@ -88,13 +89,13 @@ def test_fused_gradcheck(monkeypatch):
 
 
 def test_fused_dropout_uses_one_mask_forward_and_backward(monkeypatch):
-    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", 10**9)  # one chunk: one rand_like call
+    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", 10**9)  # one chunk: one mask drawn
     args = fused_inputs()
     torch.manual_seed(3)
     out = selected_grns(*args, dropout=0.5)
     torch.manual_seed(3)
     x, A = args[0], args[2]
-    keep = torch.rand(A.shape[0], x.shape[0], A.shape[1], dtype=x.dtype) >= 0.5
+    keep = keep_mask(torch.empty(A.shape[0], x.shape[0], A.shape[1], dtype=x.dtype), 0.5)
     expected = autograd_selected_grns(*args, keep=keep.transpose(0, 1), p=0.5)
     torch.testing.assert_close(out, expected)
     leaves = flat(args)

@@ -51,6 +51,7 @@ from foxhunt.memory.callbacks import (
     batch_one_needs,
     memory_callbacks,
 )
+from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
@@ -204,6 +205,7 @@ def _train(
     test: bool,
 ) -> dict[str, Any]:
     started = time.perf_counter()
+    keep_freed_memory()  # a step's memory stays mapped for the next (foxhunt.memory.heap)
     run = prepare(cfg, run_dir)
     precision = precision_of(cfg)  # chosen once; its settings checked before any data is read
     resumed = resume_point(cfg, run, overrides, precision)

@@ -7,7 +7,7 @@ steps fit a budget; `measure` runs the same steps for real, to compare.
 
 Planning CUDA from a machine without one, the caching allocator's reserve and the CUDA context
 are added to the trace from documented, overridable constants (memory.cuda_reserve_fraction,
-memory.cuda_context_mb; the context as measured on an H200, see docs/memory.md).
+memory.cuda_context_mb; the context as measured on an H200, see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from foxhunt.memory.budget import MB, counting_suspended
 from foxhunt.memory.gallop import largest_fitting
 from foxhunt.memory.trace import StepMemory, StepPlan, run_step
 from foxhunt.precision import precision_of
-from foxhunt.training.module import build_model
+from foxhunt.training.module import build_model, compile_mode
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,12 @@ def estimate(
     plan = step_plan(cfg, schema, device)
     batch_size, val_batch_size = _batch_sizes(cfg, batch_size, val_batch_size)
     notes = [precision_of(plan.precision).memory_note(plan.device)]
+    mode = compile_mode(plan.model.get("compile"), plan.device)
+    if mode is not None:
+        notes.append(
+            f"model.compile ({mode}): this traces the eager step; the compiled step keeps "
+            "and frees its intermediates in its own order (docs/performance.md)"
+        )
     if plan.device == "cuda":
         notes.append(
             "cuda: allocator reserve and context are documented constants "

@@ -11,12 +11,14 @@ Where a fake kernel differs from the real one, the difference is modelled here:
 - CPU LSTM: oneDNN keeps a workspace for backward that its fake kernel reports as empty;
   `onednn_lstm_workspace_bytes` is the real size (exact at realistic sizes, see tests).
 - CUDA, planned from a machine without one: the trace runs on CPU with oneDNN off (PyTorch's
-  generic LSTM keeps its gates for backward, as cuDNN's reserve space does).
+  generic LSTM keeps its gates for backward, as cuDNN's reserve space does), and each LSTM call
+  holds the workspace cuDNN allocates inside it (`cudnn_lstm_workspace_bytes`, a bound).
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,44 @@ class _OneDnnWorkspace(TorchDispatchMode):
                 workspace = torch.empty(size, dtype=torch.uint8, device=out[3].device)
                 out = (*out[:3], workspace)
         return out
+
+
+def cudnn_lstm_workspace_bytes(
+    seq_len: int, batch: int, hidden: int, layers: int, element_size: int
+) -> int:
+    """A bound of the workspace cuDNN's LSTM allocates inside a call and frees before it
+    returns (no output shows it, so no trace sees it): the gate pre-activations of every step
+    and layer, [layers, T, B, 4H] in the compute dtype. Why a bound: the one CUDA run measured
+    validation peaks 40-62% above the estimate at tft_small (where the LSTM call is most of a
+    validation step) and 0.4-11% at tft_base; cuDNN documents the size only through
+    cudnnGetRNNTempSpaceSizes. Unverified on a GPU: benchmarks/gpu_check's estimator section
+    measures each validation step with and without cuDNN."""
+    return layers * seq_len * batch * 4 * hidden * element_size
+
+
+@contextmanager
+def _cudnn_workspace(model: torch.nn.Module, element_size: int) -> Iterator[None]:
+    """Every nn.LSTM of `model` holds `cudnn_lstm_workspace_bytes` while its forward runs."""
+    held: list[torch.Tensor] = []
+
+    def pre(lstm: torch.nn.LSTM, args: tuple) -> None:
+        batch, seq_len = args[0].shape[:2] if lstm.batch_first else args[0].shape[1::-1]
+        size = cudnn_lstm_workspace_bytes(
+            seq_len, batch, lstm.hidden_size, lstm.num_layers, element_size
+        )
+        held.append(torch.empty(size, dtype=torch.uint8, device=args[0].device))
+
+    def post(*_: Any) -> None:
+        held.pop()
+
+    lstms = [m for m in model.modules() if isinstance(m, torch.nn.LSTM)]
+    handles = [m.register_forward_pre_hook(pre) for m in lstms]
+    handles += [m.register_forward_hook(post) for m in lstms]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class _StepTracker(MemTracker):
@@ -183,6 +223,9 @@ def run_step(
         stack.enter_context(tracker)
         if onednn:
             stack.enter_context(_OneDnnWorkspace())
+        if fake and plan.device == "cuda":
+            bf16 = plan.precision.get("name") == "bf16"
+            stack.enter_context(_cudnn_workspace(model, 2 if bf16 else 4))
         stack.enter_context(precision.autocast(torch.device(device).type))  # bf16: bf16-mixed
         model.train(train)
         if train:

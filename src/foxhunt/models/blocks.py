@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from foxhunt.models.dropout import Dropout
 from foxhunt.models.fused_vsn import selected_grns
 
 
@@ -46,7 +47,7 @@ class GatedLinearUnit(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, dropout: float | None) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout) if dropout is not None else nn.Identity()
+        self.dropout = Dropout(dropout) if dropout is not None else nn.Identity()
         self.fc = nn.Linear(input_size, 2 * output_size)
         _xavier_uniform(self.fc.weight, input_size, 2 * output_size)
         nn.init.zeros_(self.fc.bias)
@@ -176,7 +177,7 @@ class GroupedGatedResidualNetwork(nn.Module):
             self.resample_norm = GroupedLayerNorm(n, output_size)
         self.fc1 = GroupedLinear(n, input_size, hidden_size)
         self.fc2 = GroupedLinear(n, hidden_size, hidden_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.glu = GroupedLinear(n, hidden_size, 2 * output_size)
         self.norm = GroupedLayerNorm(n, output_size)
 
@@ -332,7 +333,7 @@ class InterpretableMultiHeadAttention(nn.Module):
         self.k_layer = nn.Linear(hidden_size, num_heads * self.d_k)
         self.v_layer = nn.Linear(hidden_size, self.d_k)
         self.w_h = nn.Linear(self.d_k, hidden_size, bias=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
         # Xavier per head, as pytorch-forecasting's separate per-head layers are initialised.
         for layer in (self.q_layer, self.k_layer):

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
+from foxhunt.models.dropout import keep_mask, keep_scale
+
 # Elements per intermediate tensor of one chunk. Small enough that a chunk's dozen elementwise
 # passes run mostly in cache: measured on 2 CPU cores, 1M against 8M made a training step 20%
 # faster at bench config S (16 variables) and 15% at B (225), and evaluation 45% / 12% faster.
@@ -114,7 +116,7 @@ def _forward(
     for backward."""
     rows, h = x.shape[1], gamma.shape[-1]
     # dropout(f) Wg == (f * keep) (Wg / (1 - p)): the scale rides on the matmul for free
-    scale = 1.0 / (1.0 - dropout)
+    scale = keep_scale(dropout, x)
     out = x.new_zeros(rows, h)
     for c in chunks:
         a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
@@ -123,8 +125,7 @@ def _forward(
         f = torch.baddbmm(_row(b2[c]), a, W2[c], out=None if f_all is None else f_all[c])
         del a
         if dropout:
-            # rand() >= p: half the time of bernoulli_ on CPU (measured), same distribution
-            keep = torch.rand_like(f) >= dropout
+            keep = keep_mask(f, dropout)  # (foxhunt.models.dropout: cheaper on a CPU)
             f.mul_(keep)
             if keep_all is not None:
                 keep_all[c] = keep
@@ -186,7 +187,7 @@ class _SelectedGRNs(torch.autograd.Function):
             ctx.save_for_backward(
                 x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
             )
-            ctx.scale = 1.0 / (1.0 - dropout)
+            ctx.scale = keep_scale(dropout, x)
             ctx.dtype = x.dtype
         return out
 

@@ -43,7 +43,7 @@ class ModelHparams(TypedDict):
     quantiles: list[float]
     highway: NotRequired[bool]
     monotone: NotRequired[bool]
-    compile: NotRequired[bool]
+    compile: NotRequired[bool | str]  # auto | true | false | a torch.compile mode
 
 
 class OptimHparams(TypedDict):
@@ -130,6 +130,24 @@ def make_optimizer(params: Iterable[nn.Parameter], optim: OptimHparams) -> torch
     return torch.optim.AdamW(params, lr=optim["lr"], weight_decay=optim["weight_decay"], fused=True)
 
 
+# What model.compile=auto does on each device, from measurements (docs/performance.md): on CPU
+# (2 cores, torch 2.13, bench config S) the compiled model trained at 804 samples/s against 1,025
+# eager after minutes of compiling, so eager; CUDA is not measured yet (benchmarks/gpu_check
+# measures eager, compiled and reduce-overhead side by side): eager until a measurement says
+# otherwise. A device not listed runs eagerly.
+COMPILE_BY_DEVICE: dict[str, str | None] = {"cpu": None, "cuda": None}
+
+
+def compile_mode(setting: bool | str | None, device_type: str) -> str | None:
+    """The torch.compile mode that model.compile=`setting` means on `device_type`, or None for
+    eager: auto is the device's measured default (COMPILE_BY_DEVICE), true torch's default."""
+    if setting == "auto":
+        return COMPILE_BY_DEVICE.get(device_type)
+    if setting is True:
+        return "default"
+    return setting or None
+
+
 class TFTModule(L.LightningModule):
     """Trains a TemporalFusionTransformer with the quantile loss.
 
@@ -148,8 +166,7 @@ class TFTModule(L.LightningModule):
         self.automatic_optimization = False  # see training_step
         self.schema = DataSchema.from_dict(schema)
         self.model = build_model(model, self.schema, precision)
-        if model.get("compile"):
-            self.model.compile()  # in place: parameter names (and checkpoints) stay the same
+        self._compiled = False  # compiled in setup(), for the device (model.compile)
         quantiles = list(model["quantiles"])
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
         self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
@@ -205,6 +222,16 @@ class TFTModule(L.LightningModule):
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Quantile predictions [batch, horizon, quantiles] in normalized target units."""
         return self.model(batch)
+
+    def setup(self, stage: str) -> None:
+        """Compile the model for the device it runs on (model.compile), once; in place, so
+        parameter names (and checkpoints) stay the same."""
+        # (the model is not on its device yet when Lightning calls this: ask the strategy)
+        device = self.trainer.strategy.root_device.type
+        mode = compile_mode(self.hparams.model.get("compile"), device)
+        if mode is not None and not self._compiled:
+            self.model.compile(mode=mode)
+            self._compiled = True
 
     def on_fit_start(self) -> None:
         # the memory plug-in that splits steps into micro-batches (foxhunt.memory.OOMBackoff)
