@@ -322,22 +322,12 @@ def build_ours(
     )
 
 
-def import_pytorch_forecasting() -> Any:
-    """Lazy, so that --skip-theirs works without pytorch-forecasting installed."""
-    try:
-        import pytorch_forecasting
-    except ImportError as exc:  # not installed, or one of its own imports fails
-        print(f'pytorch-forecasting: {exc}; pip install -e ".[bench]"', file=sys.stderr)
-        sys.exit(2)
-    return pytorch_forecasting
-
-
 def build_theirs(
     shape: Shape, frame: dict[str, np.ndarray], pool: int, device: torch.device
 ) -> Contender:
+    # imported here, so that --theirs none runs without them (main checked that they import)
     import pandas as pd
-
-    pf = import_pytorch_forecasting()
+    import pytorch_forecasting as pf
     from pytorch_forecasting.metrics import QuantileLoss
 
     features, known = feature_names(frame), known_names(frame)
@@ -952,7 +942,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lean": args.lean,
         **comparison(ours, theirs),  # against pytorch-forecasting, as before Darts came
         "param_warnings": param_warnings,
-        "param_warning": param_warnings[0] if param_warnings else None,
         "vs_darts": comparison(ours, darts),
         "gemm_gflops": gemm,
         "gemm_bf16_gflops": gemm_bf16,
