@@ -16,19 +16,18 @@ PROBE = """
 import json, resource, torch
 from foxhunt.memory.heap import keep_freed_memory
 
-def faults_of_three_blocks():
-    for _ in range(2):  # the heap grows to hold the block (its first two times, measured)
+def faults_per_block(times):
+    out = []
+    for _ in range(times):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         x = torch.ones(16 << 20)  # 64 MiB: over glibc's largest mmap threshold (32 MiB)
         del x
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        x = torch.ones(16 << 20)
-        del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return out
 
-default = faults_of_three_blocks()
+default = faults_per_block(4)
 kept = keep_freed_memory()
-print(json.dumps({"default": default, "kept": kept, "after": faults_of_three_blocks()}))
+print(json.dumps({"default": default, "kept": kept, "after": faults_per_block(8)}))
 """
 
 
@@ -37,6 +36,8 @@ def test_a_freed_block_comes_back_without_page_faults():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
-    pages = 3 * (64 << 20) // 4096
-    assert result["default"] > pages / 2  # malloc's default maps each 64 MiB block afresh
-    assert result["kept"] and result["after"] < pages / 20
+    pages = (64 << 20) // 4096  # of one block
+    # malloc's default maps each 64 MiB block afresh; kept, the heap grows to hold the block
+    # (its first one to three times, measured) and then serves it without a fault
+    assert min(result["default"][1:]) > pages / 2, result
+    assert result["kept"] and max(result["after"][-3:]) < pages / 20, result
