@@ -101,10 +101,6 @@ class Shape:
     series: int = 4
     series_length: int = 3000
 
-    @property
-    def encoder_vars(self) -> int:
-        return self.features + self.known + 2
-
 
 CONFIGS = {
     "S": Shape(14, 64, 4, 1, 16, default_steps=20, default_eval_batches=20),
