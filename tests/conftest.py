@@ -44,6 +44,7 @@ LONGEST_S = {  # by test function (tests/evaluation/test_controls*.py, tests/tra
     "test_compiled_model_trains_and_resumes_eager": 30,
     "test_cli_prints_table_and_json": 22,
     "test_selection_on_noise_is_called_what_it_is": 20,
+    "test_a_250_instrument_panel_end_to_end": 20,
 }
 
 

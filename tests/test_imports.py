@@ -37,6 +37,7 @@ LAYERS = [
             "app.backtest",
             "app.tune",
             "app.tune_report",
+            "app.inspect",
         },
     ),
     ("entry points", {"app.cli", "app.predict_cli", ""}),  # what scripts/*.py call

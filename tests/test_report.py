@@ -1,21 +1,34 @@
-"""Interpretation and the run report: weights, calibration, files, the CLI, no matplotlib."""
+"""Interpretation and the run report: weights, calibration, files, the CLI, no matplotlib; a
+panel's listings (the best and worst instruments and the spread) and its headline IC."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from foxhunt.app.interpret import PLOTS, variable_names
-from foxhunt.app.report import LEARNING_CURVES, learning_curves, report_run
+from foxhunt.app.report import (
+    LEARNING_CURVES,
+    _quality_section,
+    _strategy_section,
+    console_summary,
+    headline_section,
+    instrument_table,
+    learning_curves,
+    report_run,
+    write_report,
+)
 from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.training.module import TFTModule
@@ -153,3 +166,179 @@ def test_learning_curves_join_a_resumed_runs_csv_logs(tmp_path):
         1: {"train_loss_epoch": 0.5, "val_loss": 0.4},
         2: {"val_loss": 0.3},
     }
+
+
+# --------------------------------------------------------------------------------------------
+# A panel's listings: the best and worst by skill and the spread, not a row per instrument
+# --------------------------------------------------------------------------------------------
+
+RIVALS = ("zero", "lightgbm")
+STATS = ("sharpe", "sharpe_se", "max_drawdown", "turnover", "net_return")
+
+
+def panel_summary(instruments: int, cross_section: bool = True) -> dict:
+    """A run's summary of `instruments` instruments S000, S001, ... whose skills all differ
+    (shuffled), with every per-instrument figure the report lists."""
+    rng = np.random.default_rng(0)
+    names = [f"S{i:03d}" for i in range(instruments)]
+    skills = rng.permutation(np.linspace(-0.05, 0.04, instruments))
+    by = {
+        n: {"windows": 90, "test_loss": 0.25 - k / 10, "skill": k, "best_baseline": "lightgbm"}
+        for n, k in zip(names, skills.tolist(), strict=True)
+    }
+    ic = {"ic": 0.0213, "ic_se": 0.0062, "ic_t": 3.44, "ic_n": 480, "rank_ic": 0.018}
+    ic |= {"rank_ic_se": 0.0062, "rank_ic_t": 2.9, "ic_mode": "time_series"}
+    metrics = {"test_loss": 0.25, "skill": 0.004, "best_baseline": "lightgbm", "by_instrument": by}
+    metrics |= ic | {"ic_mode": "cross_section" if cross_section else "time_series"}
+    baselines = {
+        r: {
+            "about": r,
+            "test_loss": 0.26,
+            "test_by_instrument": {n: {"test_loss": 0.26} for n in names},
+        }
+        for r in RIVALS
+    }
+    row = {"horizon": 1, **{k: v for k, v in ic.items() if k != "ic_mode"}, "hit_rate": 0.5}
+    evaluation = {
+        "stride": 4,
+        "windows": 900,
+        "windows_scored": 225,
+        "by_horizon": [row | {"majority_rate": 0.5}],
+        "by_instrument": {n: ic | {"ic": float(rng.normal(0, 0.05))} for n in names},
+        "quantiles": [0.1, 0.5, 0.9],
+        "pinball_by_quantile": [0.1, 0.2, 0.1],
+    }
+    strategy = {"rule": "sign", "cost_bps": 1.0, **dict.fromkeys(STATS, 0.5)}
+    strategy |= {
+        "by_instrument": {n: {k: float(rng.normal()) for k in STATS} for n in names},
+        "buy_and_hold": dict.fromkeys(STATS, 0.3),
+    }
+    return {
+        "metrics": metrics,
+        "baselines": baselines,
+        "evaluation": evaluation,
+        "strategy": strategy,
+    }
+
+
+def named(lines: list[str]) -> list[str]:
+    """The instruments named in `lines`, in order, each as often as it is named."""
+    return re.findall(r"\bS\d{3}\b", "\n".join(lines))
+
+
+def listings(summary: dict) -> dict[str, list[str]]:
+    """The lines of each per-instrument listing of a run's summary and report."""
+    m = summary["metrics"]
+    return {
+        "printed": console_summary(summary),
+        "per instrument": instrument_table(m["by_instrument"], summary["baselines"]),
+        "IC": _quality_section(summary, Path("unused"), plots=False),
+        "strategy": _strategy_section(summary, Path("unused")),
+    }
+
+
+@pytest.mark.parametrize("instruments", [21, 30])
+def test_a_panel_lists_its_ten_best_and_ten_worst_by_skill_and_the_spread(instruments):
+    summary = panel_summary(instruments)
+    by = summary["metrics"]["by_instrument"]
+    ranking = sorted(by, key=lambda n: -by[n]["skill"])
+    best, worst = ranking[:10], ranking[::-1][:10]
+    found = listings(summary)
+    for listing, lines in found.items():
+        assert named(lines) == best + worst, listing  # each once, the rest of the panel never
+    printed = found["printed"]
+    skills = np.array([by[n]["skill"] for n in ranking])
+    spread = next(line for line in printed if line.startswith("skill per instrument: "))
+    at = np.quantile(skills, [0, 0.1, 0.25, 0.5, 0.75, 0.9, 1])
+    assert spread == (
+        f"skill per instrument: {instruments} instruments, {np.mean(skills > 0):.0%} with "
+        "positive skill; "
+        + ", ".join(
+            f"{q} {x:+.1%}"
+            for q, x in zip(["min", "10%", "25%", "median", "75%", "90%", "max"], at, strict=True)
+        )
+    )
+    assert printed[printed.index(spread) + 1] == "  best 10: " + ", ".join(
+        f"{n} {by[n]['skill']:+.1%}" for n in best
+    )
+    assert printed[printed.index(spread) + 2].startswith("  worst 10: ")
+    table = "\n".join(found["per instrument"])
+    assert f"Skill over {instruments} instruments, " in table
+    assert "Best 10:" in table and "Worst 10:" in table
+    assert f"IC over {instruments} instruments, " in "\n".join(found["IC"])
+    assert f"Sharpe ratio over {instruments} instruments, " in "\n".join(found["strategy"])
+
+
+def test_a_panel_without_skill_is_listed_by_each_listing_s_own_figure():
+    # per-instrument skill needs every fold's baselines in a backtest: without, no ranking by it
+    summary = panel_summary(30)
+    by = summary["metrics"]["by_instrument"]
+    for m in by.values():
+        m["skill"] = None
+    found = listings(summary)
+    losses = sorted(by, key=lambda n: by[n]["test_loss"])
+    assert named(found["per instrument"]) == losses[:10] + losses[::-1][:10]
+    assert "by test loss" in "\n".join(found["per instrument"])
+    ics = summary["evaluation"]["by_instrument"]
+    ic_order = sorted(ics, key=lambda n: -ics[n]["ic"])
+    assert named(found["IC"]) == ic_order[:10] + ic_order[::-1][:10]
+    assert "instruments by IC" in "\n".join(found["IC"])
+    assert not [line for line in found["printed"] if line.startswith("skill per instrument")]
+
+
+@pytest.mark.parametrize("instruments", [5, 20])
+def test_up_to_twenty_instruments_every_one_is_listed(instruments):
+    summary = panel_summary(instruments)
+    names = list(summary["metrics"]["by_instrument"])
+    found = listings(summary)
+    for listing, lines in found.items():
+        assert named(lines) == names, listing  # in their own order, as before
+        assert "Best 10" not in "\n".join(lines) and "best 10" not in "\n".join(lines)
+    (per,) = [line for line in found["printed"] if line.startswith("skill per instrument: ")]
+    assert per.endswith(" (lightgbm)") and " instruments, " not in per
+
+
+def test_a_panel_leads_with_its_cross_sectional_ic():
+    printed = console_summary(panel_summary(30))
+    assert (
+        printed[0]
+        == "cross-sectional IC +0.021 (se 0.006, t 3.4, 480 dates), rank IC +0.018 (t 2.9)"
+    )
+    assert [line for line in printed if "IC +" in line] == [printed[0]]  # once, first
+    headline = headline_section(panel_summary(30))
+    assert headline[0] == "## Headline"
+    assert "**Cross-sectional IC +0.021 (se 0.006, t 3.4, 480 dates)" in headline[2]
+    # without a cross-section (instruments that do not share dates): the loss first, as before
+    printed = console_summary(panel_summary(30, cross_section=False))
+    assert printed[0].startswith("test loss 0.2500")
+    assert "IC +0.021 (se 0.006, t 3.4), rank IC +0.018 (t 2.9)" in printed
+    assert headline_section(panel_summary(30, cross_section=False)) == []
+
+
+def test_a_panels_report_leads_with_its_ic_and_lists_its_splits_not_its_instruments(
+    trained, tmp_path
+):
+    # the data of 30 instruments (one row per split), the trained run's figures otherwise
+    table = write_table(
+        tmp_path / "panel.parquet", make_table({f"S{i:03d}": 120 for i in range(30)})
+    )
+    dm = ParquetDataModule(OmegaConf.merge(trained["cfg"].data, {"path": str(table)}))
+    dm.setup()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = trained["summary"] | {"metrics": panel_summary(30)["metrics"]}
+    interpretation = json.loads((trained["run_dir"] / "interpretation.json").read_text())
+    report = write_report(run_dir, trained["cfg"], summary, dm, interpretation, plots=False)
+    text = report.read_text()
+    assert [line for line in text.splitlines() if line.startswith("## ")][0] == "## Headline"
+    data = text.split("## Data")[1].split("\n## ")[0]
+    assert (
+        "- Instruments (30): S000, S001, S002, S003, S004, S005, S006, S007, S008, S009, ..."
+        in data
+    )
+    rows = [line for line in data.splitlines() if line.startswith("| ")][1:]
+    windows = {s: len(dm.datasets[s]) for s in ("train", "val", "test")}
+    assert [r.split(" | ")[:3] for r in rows] == [
+        [f"| {s}", "30", str(n)] for s, n in windows.items()
+    ]
+    assert "S010" not in data

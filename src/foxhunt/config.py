@@ -104,7 +104,9 @@ class RollConfig:
 class FuturesConfig:
     """Contracts of one root as one continuous, back-adjusted series (foxhunt.data.futures)."""
 
-    enabled: bool = False
+    # true | false | auto: on when every id of data.group_column parses as a contract
+    # (`foxhunt.data.names`, before the data is read)
+    enabled: Any = False
     # data.group_column holds the contract id (ESH6, ...); the instrument becomes its root:
     # root_column's value, else the `root` group of root_pattern matched on the id
     root_column: str | None = None
@@ -525,6 +527,10 @@ def validate(cfg: Any) -> None:
             f"data.split.{a}={getattr(sp, a)} is "
             f"{'after' if times[a] > times[b] else 'not before'} data.split.{b}={getattr(sp, b)}",
         )
+    _check(
+        d.futures.enabled in (True, False, "auto"),
+        f"data.futures.enabled must be true, false or auto, got {d.futures.enabled!r}",
+    )
     features = d.features
     _check(
         features in ("all", "ohlcv") or (not isinstance(features, str) and len(features) > 0),

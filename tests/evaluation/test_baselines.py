@@ -265,3 +265,45 @@ def test_the_report_names_the_strongest_baseline_and_the_base_rate():
     assert "skipped: lightgbm is not installed" in text
     assert "Skill against the strongest baseline (seasonal): +5.00%" in text
     assert "Directional accuracy 52.0% against a base rate of 55.0% (always down" in text
+
+
+def test_past_the_bound_baselines_fit_on_an_evenly_spaced_subsample_and_say_so(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(baselines, "TABLE_WINDOWS", 500)
+    monkeypatch.setattr(baselines, "MODEL_WINDOWS", 200)
+    dm = windows_of(noise_panel(tmp_path / "panel.parquet", np.ones(BARS)))
+    train = dm.datasets["train"]
+    n = len(train)
+    predictors, out = fit_baselines(train, "return", QUANTILES, seed=3)
+    tables = {"from": n, "to": 500}
+    assert {k: out[k].get("subsampled") for k in out if "skipped" not in out[k]} == {
+        "zero": None,  # fit on nothing
+        "unconditional": tables,
+        "volatility_scaled": tables,
+        "seasonal": tables,
+        "linear": {"from": n, "to": 200},
+        **({"lightgbm": {"from": n, "to": 200}} if "lightgbm" in FITTED else {}),
+    }
+    assert out["linear"]["about"].endswith("(200 training windows)")
+    # the windows fit on: evenly spaced from a seeded offset, so each instrument's share
+    rng = np.random.default_rng(3)
+    chosen = baselines._sample(n, 500, rng)
+    assert len(set(chosen)) == 500 and set(np.diff(chosen)) <= {n // 500, n // 500 + 1}
+    per_instrument = np.bincount(train.group[train.starts[chosen]].numpy())
+    assert np.abs(per_instrument - 500 * np.bincount(targets(train)[1]) / n).max() <= 1
+    test = gather(dm.datasets["test"], np.arange(len(dm.datasets["test"])), "return")
+    expected, _ = baselines.fit_unconditional(gather(train, chosen, "return"), np.array(QUANTILES))
+    np.testing.assert_array_equal(predictors["unconditional"](test), expected(test))
+    # and said in the report
+    text = "\n".join(_baselines_section({"metrics": {}, "baselines": out}))
+    assert (
+        f"Fit on evenly spaced subsamples of the {n:,} training windows: 500 for unconditional, "
+        "volatility_scaled, seasonal; 200 for linear" in text
+    )
+    # under the bound: every window, nothing said
+    monkeypatch.setattr(baselines, "MODEL_WINDOWS", n)
+    monkeypatch.setattr(baselines, "TABLE_WINDOWS", n)
+    _, out = fit_baselines(train, "return", QUANTILES, seed=3)
+    assert not [k for k in out if "subsampled" in out[k]]
+    assert "subsamples" not in "\n".join(_baselines_section({"metrics": {}, "baselines": out}))

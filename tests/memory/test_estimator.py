@@ -179,11 +179,11 @@ def test_monotone_in_batch_size(es_sample):
     assert estimates[-1].train.total > 4 * estimates[0].train.total
 
 
-@pytest.mark.slow  # a bisection of estimates, about 10 s
+@pytest.mark.slow  # a bisection of training-step estimates up to 128 (1 s each)
 def test_max_batch_size_is_the_largest_that_fits(es_sample):
     cfg = small(es_sample)
     budget = estimate(cfg, 40, device="cpu").train.total / MB + 0.01
-    best, peaks = max_batch_size(cfg, budget, margin_mb=0, device="cpu")
+    best, peaks = max_batch_size(cfg, budget, margin_mb=0, step="train", device="cpu", limit=128)
     assert best >= 40
     assert peaks[best] <= budget * MB
     assert estimate(cfg, best + 1, device="cpu").train.total > budget * MB

@@ -30,13 +30,13 @@ import pyarrow.parquet as pq
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.report import conformal_section, instrument_table
+from foxhunt.app.report import conformal_section, headline_section, instrument_table
 from foxhunt.app.sweep import SweepSummary, markdown_table
 from foxhunt.app.train import train
 from foxhunt.config import EvalConfig
 from foxhunt.data.columns import resolve_target_kind
+from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
-from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.baselines import skill
@@ -47,6 +47,7 @@ from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import write_atomic, write_json, write_text
 from foxhunt.run import resume
 from foxhunt.run.dir import RunDir
+from foxhunt.run.progress import steps
 from foxhunt.run.resume import resume_backtest
 from foxhunt.training.checkpointing import Interrupted
 
@@ -172,8 +173,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, A
     backtest.fold, `out_dir` being its run directory), continuing what an earlier attempt
     left there; returns the backtest's summary (or the fold's)."""
     check(cfg)
-    if cfg.data.generate_if_missing:
-        ensure_sample(cfg.data.path)
+    resolve_data(cfg.data)  # the sample generated; the columns found (foxhunt.data.names)
     folds = plan_folds(timeline(cfg.data), cfg.backtest, cfg.data)
     bt = cfg.backtest
     if bt.fold is not None:  # a job of `-m backtest.fold=...`
@@ -189,7 +189,8 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, A
         )
     write_json(out_dir / PLAN, plan)
     previous = None
-    for fold in folds:
+    # one line as each fold starts (the folds draw Lightning's bars): done, elapsed, left
+    for fold in steps(folds, "backtest", "fold", label=lambda f: f"fold {f.index}", lines=True):
         previous = run_fold(
             cfg,
             fold,
@@ -431,8 +432,8 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """The leaves of nested dicts under dotted keys, but descriptions and timings."""
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if k in ("by_instrument", "test_by_instrument"):
-            continue  # a table of its own
+        if k in ("by_instrument", "test_by_instrument", "subsampled"):
+            continue  # a table of its own; how many training windows a baseline was fit on
         if isinstance(v, dict):
             out |= _flat(v, f"{prefix}{k}.")
         elif k != "about" and not k.endswith("_s") and not isinstance(v, bool | list):
@@ -454,7 +455,8 @@ def report(summary: dict[str, Any]) -> str:
     if summary["folds_missing"]:
         missing = ", ".join(map(str, summary["folds_missing"]))
         lines.append(f"Not finished: fold {missing} (the pooled figures leave them out).")
-    lines += ["", "## Folds", ""]
+    headline = headline_section(summary)  # a panel's cross-sectional IC leads
+    lines += [*(["", *headline] if headline else []), "", "## Folds", ""]
     cut_rows = [[f["fold"], *(f["cuts"].get(k) for k in CUT_KEYS), f["test_rows"]] for f in folds]
     lines += markdown_table(["fold", *CUT_KEYS, "test rows"], cut_rows, missing="(data edge)")
     per_fold = [_flat(f["metrics"]) | _flat(f.get("baselines", {}), "baselines.") for f in folds]
@@ -470,6 +472,7 @@ def report(summary: dict[str, Any]) -> str:
         "fold's target scale as a run's test_loss is. Directional accuracy must beat the "
         "share of up moves (test_up_share) or its complement: always forecasting the more "
         "common direction scores the larger of the two.",
+        *_subsampled_folds(folds),
         *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
         *_strategy_table(summary),
         "",
@@ -477,6 +480,23 @@ def report(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _subsampled_folds(folds: list[dict[str, Any]]) -> list[str]:
+    """Which folds fit baselines on a subsample of their training windows."""
+    found = [
+        str(f["fold"])
+        for f in folds
+        if any("subsampled" in b for b in (f.get("baselines") or {}).values())
+    ]
+    if not found:
+        return []
+    return [
+        "",
+        f"The baselines of fold {', '.join(found)} were fit on evenly spaced subsamples of the "
+        "fold's training windows (how many: the fold's report.md, or `folds[k].baselines` in "
+        f"{SUMMARY}).",
+    ]
 
 
 def _strategy_table(summary: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,6 +44,7 @@ from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import resolve_intraday
 from foxhunt.data.features import KNOWN_CALENDAR
 from foxhunt.data.horizon import Future, known_at, split_future
+from foxhunt.data.names import resolve_names
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema, drop_features
 from foxhunt.data.source import open_dataset
@@ -185,6 +187,8 @@ def _data_config(
     # the checkpoint fixes the window; the data config's lengths do not apply
     cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
     resolve_intraday(cfg, schema)  # and whether its bars had a time of day
+    if not OmegaConf.is_missing(cfg, "path") and Path(cfg.path).exists():
+        resolve_names(cfg)  # the training file's columns (data.futures.enabled=auto decided)
     return cfg
 
 
@@ -387,6 +391,7 @@ class Predictor:
         table, where = self._read(data)
         cfg = self.data_cfg.copy()
         cfg.path = where
+        resolve_names(cfg, pads.dataset(table))  # this file's spelling of the columns
         adapts = self.calibration is not None and self.calibration.method == "aci"
         windows = build_windows(table, cfg, self.schema, all_windows or adapts)
         if adapts and not all_windows:  # the latest windows are there as they would be alone

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import logging
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,18 @@ from foxhunt.app.sweep import markdown_table
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.source import open_dataset
 from foxhunt.run.dir import RunDir
+from foxhunt.run.progress import steps
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 LEARNING_CURVES = "learning_curves.png"
 MEMORY_LINES = 8  # of the [MEMORY] log in the report
+# A listing per instrument (a table, the printed skill) shows up to PANEL_LISTED instruments in
+# full; a panel's shows its SHOWN best and SHOWN worst by skill and the spread over all of them:
+# 250 rows are read by no one. summary.json keeps every instrument.
+PANEL_LISTED = 20
+SHOWN = 10
+SPREAD = {"min": 0.0, "10%": 0.1, "25%": 0.25, "median": 0.5, "75%": 0.75, "90%": 0.9, "max": 1.0}
 
 
 def report_run(
@@ -36,9 +45,11 @@ def report_run(
     """Interpret the tested model and write `report.md` with its plots into `run_dir`; returns
     the files written by name (report, interpretation and each plot)."""
     run_dir = Path(run_dir)
+    started = time.perf_counter()
     plots = have_matplotlib()
     interpretation = interpret(module, datamodule, run_dir, plots=plots)
     report = write_report(run_dir, cfg, summary, datamodule, interpretation, plots=plots)
+    log.info("report: %s written in %.1f s", report, time.perf_counter() - started)
     files = {"report": report, "interpretation": run_dir / "interpretation.json"}
     files |= {name: run_dir / f for name, f in interpretation["plots"].items()}
     if (run_dir / LEARNING_CURVES).is_file():
@@ -54,32 +65,142 @@ def write_report(
     interpretation: dict[str, Any],
     plots: bool = True,
 ) -> Path:
-    """Write `report.md` (and `learning_curves.png` when `plots`) into `run_dir`."""
+    """Write `report.md` (and `learning_curves.png` when `plots`) into `run_dir`, its sections'
+    progress shown on a terminal."""
     run_dir = Path(run_dir)
-    epochs = learning_curves(run_dir)
-    drew = plots and bool(epochs) and _plot_learning_curves(run_dir / LEARNING_CURVES, epochs)
-    sections = [
-        [f"# Run report: {run_dir.parent.name}/{run_dir.name}", "", f"Run directory: `{run_dir}`"],
-        _config_section(run_dir, cfg, summary),
-        _data_section(datamodule),
-        _rolls_section(datamodule),
-        _memory_section(summary),
-        _curves_section(epochs, drew),
-        _metrics_section(summary, interpretation),
-        _baselines_section(summary),
-        _quality_section(summary, run_dir, plots),
-        conformal_section(summary),
-        _strategy_section(summary, run_dir),
-        _calibration_section(interpretation),
-        _interpretation_section(interpretation),
+    title = f"# Run report: {run_dir.parent.name}/{run_dir.name}"
+    parts: list[tuple[str, Callable[[], list[str]]]] = [
+        ("title", lambda: [title, "", f"Run directory: `{run_dir}`"]),
+        ("headline", lambda: headline_section(summary)),
+        ("configuration", lambda: _config_section(run_dir, cfg, summary)),
+        ("data", lambda: _data_section(datamodule)),
+        ("rolls", lambda: _rolls_section(datamodule)),
+        ("memory", lambda: _memory_section(summary)),
+        ("learning curves", lambda: _curves_section(run_dir, plots)),
+        ("test metrics", lambda: _metrics_section(summary, interpretation)),
+        ("baselines", lambda: _baselines_section(summary)),
+        ("information coefficient", lambda: _quality_section(summary, run_dir, plots)),
+        ("conformal calibration", lambda: conformal_section(summary)),
+        ("strategy", lambda: _strategy_section(summary, run_dir)),
+        ("calibration", lambda: _calibration_section(interpretation)),
+        ("interpretation", lambda: _interpretation_section(interpretation)),
     ]
+    sections = [make() for _, make in steps(parts, "report", label=lambda p: p[0])]
     path = run_dir / "report.md"
-    path.write_text("\n\n".join("\n".join(s) for s in sections) + "\n")
+    path.write_text("\n\n".join("\n".join(s) for s in sections if s) + "\n")
     return path
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
     return markdown_table(head, rows, missing="-")
+
+
+def ranked(
+    by_instrument: dict[str, dict] | None, key: str = "skill", low: bool = False
+) -> list[str]:
+    """The instruments that have a `key` figure, best first: the highest (the lowest with
+    `low`), ties in their given order."""
+    found = [(n, m.get(key)) for n, m in (by_instrument or {}).items() if m.get(key) is not None]
+    return [n for n, _ in sorted(found, key=lambda nv: nv[1] if low else -nv[1])]
+
+
+def _ranking(
+    by_instrument: dict[str, dict] | None,
+    own: dict[str, dict],
+    key: str,
+    name: str,
+    low: bool = False,
+) -> tuple[list[str], str]:
+    """The order a listing takes, and its `name`: by skill where the instruments have one (the
+    same instruments in every listing), else by the listing's own `key`."""
+    skill = ranked(by_instrument)
+    return (skill, "skill") if skill else (ranked(own, key, low), name)
+
+
+def listed(names: list[str], order: list[str]) -> list[tuple[str, list[str]]]:
+    """What a listing of `names` shows, as (title, instruments) parts: all of them untitled,
+    up to PANEL_LISTED; else the SHOWN best and the SHOWN worst of those ranked in `order`
+    (best first), the worst listed worst first."""
+    if len(names) <= PANEL_LISTED:
+        return [("", names)]
+    mine = set(names)
+    order = [n for n in order if n in mine]
+    best, worst = order[:SHOWN], order[::-1][:SHOWN]
+    return [(f"best {len(best)}", best), (f"worst {len(worst)}", worst)]
+
+
+def spread(values: list[float], what: str, fmt: str = "{:+.1%}") -> str:
+    """'249 instruments, 41% with positive skill; min -12.3%, 10% -5.1%, ..., max +8.2%': how
+    `what` is spread over the instruments."""
+    v = np.asarray(values, dtype=np.float64)
+    at = np.quantile(v, list(SPREAD.values()))
+    figures = ", ".join(f"{name} {fmt.format(x)}" for name, x in zip(SPREAD, at, strict=True))
+    return f"{len(v)} instruments, {np.mean(v > 0):.0%} with positive {what}; {figures}"
+
+
+def _panel_note(
+    parts: list[tuple[str, list[str]]], values: list[float], what: str, fmt: str, by: str
+) -> list[str]:
+    """A panel's listing comes with the spread of `what` over every instrument and says which
+    instruments it shows (the best and worst `by`)."""
+    if len(parts) == 1:
+        return []
+    over = f"{what[0].upper() + what[1:]} over {spread(values, what, fmt)}. " if values else ""
+    return [
+        "",
+        f"{over}Shown: the {SHOWN} best and the {SHOWN} worst instruments by {by} (summary.json "
+        "has every one).",
+    ]
+
+
+def _parts_tables(parts: list[tuple[str, list[str]]], head: list[str], row: Any) -> list[str]:
+    """One table per part of a listing (`listed`), each titled but a listing in full."""
+    lines = []
+    for title, names in parts:
+        lines += ["", *([f"{title.capitalize()}:", ""] if title else [])]
+        lines += _table(head, [row(n) for n in names])
+    return lines
+
+
+def ic_figures(m: dict[str, Any]) -> str:
+    """'IC +0.021 (se 0.006, t 3.4, 480 dates), rank IC +0.018 (t 2.9)' of the metrics `m`."""
+    t = "n/a" if m.get("ic_t") is None else f"{m['ic_t']:.1f}"
+    se = "" if m.get("ic_se") is None else f"se {m['ic_se']:.3f}, "
+    dates = f", {m['ic_n']} dates" if m.get("ic_mode") == "cross_section" and m.get("ic_n") else ""
+    line = f"IC {m['ic']:+.3f} ({se}t {t}{dates})"
+    if m.get("rank_ic") is not None:
+        rank_t = "n/a" if m.get("rank_ic_t") is None else f"{m['rank_ic_t']:.1f}"
+        line += f", rank IC {m['rank_ic']:+.3f} (t {rank_t})"
+    return line
+
+
+def cross_sectional(m: dict[str, Any]) -> bool:
+    """Whether the metrics' IC is a panel's: the correlation across instruments at each date
+    (`foxhunt.evaluation.stats.ic`), the headline a panel leads with."""
+    return m.get("ic_mode") == "cross_section" and m.get("ic") is not None
+
+
+def headline_section(summary: dict[str, Any]) -> list[str]:
+    """A panel's report leads with its cross-sectional IC, with its standard error, and the
+    skill pooled and per instrument."""
+    m = summary.get("metrics") or {}
+    if not cross_sectional(m):
+        return []
+    lines = [
+        "## Headline",
+        "",
+        f"**Cross-sectional {ic_figures(m)}**: the correlation of the median forecast's move "
+        "with the realised one across the instruments at each test date, averaged over the "
+        "dates; standard error Newey-West over the dates (a t beyond 2 is unlikely by chance).",
+    ]
+    if m.get("skill") is not None:
+        per = [m["by_instrument"][n]["skill"] for n in ranked(m.get("by_instrument"))]
+        lines += [
+            "",
+            f"Skill against the strongest baseline ({m['best_baseline']}): {m['skill']:+.2%}"
+            + (f"; per instrument: {spread(per, 'skill')}." if len(per) > 1 else "."),
+        ]
+    return lines
 
 
 def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> list[str]:
@@ -123,10 +244,13 @@ def _data_section(datamodule: ParquetDataModule) -> list[str]:
     schema = datamodule.schema
     rows = len(datamodule.datasets["train"].target)
     instruments = schema.groups or ["(one series)"]
+    names = ", ".join(instruments)
+    if len(instruments) > PANEL_LISTED:
+        names = ", ".join(instruments[:SHOWN]) + ", ... (all in summary.json's splits)"
     lines = [
         "## Data",
         "",
-        f"- Instruments ({len(instruments)}): {', '.join(instruments)}",
+        f"- Instruments ({len(instruments)}): {names}",
         f"- Rows: {rows:,} (after feature warm-up and NaN handling)",
         f"- Features: {schema.num_features} ({len(schema.observed)} observed, "
         f"{len(schema.known)} known in the future, {len(schema.static)} static); "
@@ -141,14 +265,40 @@ def _data_section(datamodule: ParquetDataModule) -> list[str]:
         lines.append(f"- Constant over the training split, so not given to the model: {dropped}")
     lines.append("")
     ranges = split_ranges(datamodule)
-    table = [
-        [r["instrument"], r["split"], r["windows"], r["rows"], r.get("start"), r.get("end")]
-        for r in ranges
-    ]
-    lines += _table(["instrument", "split", "windows", "rows", "from", "to"], table)
+    if len(instruments) > PANEL_LISTED:
+        lines += _splits_of_a_panel(ranges)
+    else:
+        table = [
+            [r["instrument"], r["split"], r["windows"], r["rows"], r.get("start"), r.get("end")]
+            for r in ranges
+        ]
+        lines += _table(["instrument", "split", "windows", "rows", "from", "to"], table)
     if ranges and "start" not in ranges[0]:
         lines += ["", "(Dates not shown: data.nan_policy=drop or the time column unreadable.)"]
     return lines
+
+
+def _splits_of_a_panel(ranges: list[dict[str, Any]]) -> list[str]:
+    """A panel's splits, one row each (not one per instrument and split): the instruments in
+    it, their windows in all and per instrument, the earliest first bar and latest last one."""
+
+    def when(r: dict[str, Any], key: str) -> Any:  # ISO times in order; plain numbers as numbers
+        v = r.get(key)
+        return (0, float(v), v) if v is not None and v.lstrip("-").isdigit() else (1, 0.0, v)
+
+    rows = []
+    for split in SPLITS:
+        mine = [r for r in ranges if r["split"] == split]
+        if not mine:
+            continue
+        windows = np.array([r["windows"] for r in mine])
+        each = f"{windows.min()} / {np.median(windows):g} / {windows.max()}"
+        dated = [r for r in mine if r.get("start") is not None]
+        first = min((when(r, "start") for r in dated), default=(0, 0, None))[2]
+        last = max((when(r, "end") for r in dated), default=(0, 0, None))[2]
+        rows.append([split, len(mine), int(windows.sum()), each, first, last])
+    head = ["split", "instruments", "windows", "per instrument (min / median / max)", "from", "to"]
+    return _table(head, rows)
 
 
 def split_ranges(datamodule: ParquetDataModule) -> list[dict[str, Any]]:
@@ -339,7 +489,10 @@ def _plot_learning_curves(path: Path, epochs: dict[int, dict[str, float]]) -> bo
     return True
 
 
-def _curves_section(epochs: dict[int, dict[str, float]], drew: bool) -> list[str]:
+def _curves_section(run_dir: Path, plots: bool) -> list[str]:
+    """The learning curves' table, and their plot (`plots`)."""
+    epochs = learning_curves(run_dir)
+    drew = plots and bool(epochs) and _plot_learning_curves(run_dir / LEARNING_CURVES, epochs)
     lines = ["## Learning curves", ""]
     if not epochs:
         return [*lines, "No logged epochs (the CSV logger writes csv/metrics.csv)."]
@@ -408,6 +561,9 @@ def _baselines_section(summary: dict[str, Any]) -> list[str]:
         *_table(head, rows),
         "",
     ]
+    subsampled = {n: b["subsampled"] for n, b in baselines.items() if "subsampled" in b}
+    if subsampled:
+        lines += [subsample_note(subsampled), ""]
     if m.get("skill") is not None:
         lines.append(
             f"**Skill against the strongest baseline ({m['best_baseline']}): {m['skill']:+.2%}**"
@@ -422,39 +578,57 @@ def _baselines_section(summary: dict[str, Any]) -> list[str]:
     return [*lines, *instrument_table(m.get("by_instrument"), baselines)]
 
 
+def subsample_note(subsampled: dict[str, dict[str, int]]) -> str:
+    """Which baselines were fit on a subsample of the training windows, and of how many."""
+    sizes: dict[int, list[str]] = {}
+    for name, s in subsampled.items():
+        sizes.setdefault(s["to"], []).append(name)
+    parts = "; ".join(f"{to:,} for {', '.join(names)}" for to, names in sizes.items())
+    total = max(s["from"] for s in subsampled.values())
+    return (
+        f"Fit on evenly spaced subsamples of the {total:,} training windows: {parts} (the time "
+        "a fit takes grows with its windows; `foxhunt.evaluation.baselines`' TABLE_WINDOWS and "
+        "MODEL_WINDOWS)."
+    )
+
+
 def instrument_table(
     by_instrument: dict[str, dict] | None, baselines: dict[str, dict]
 ) -> list[str]:
     """Per instrument: the model's test loss, each baseline's, the skill against the
-    instrument's strongest baseline (named), the directional accuracy and the up share."""
+    instrument's strongest baseline (named), the directional accuracy and the up share; a
+    panel's best and worst by skill (`listed`) after the spread over every instrument."""
     if not by_instrument:
         return []
     rivals = [n for n, b in baselines.items() if "skipped" not in b]
     head = ["instrument", "windows", "model", *rivals, "skill", "against", "direction", "up share"]
-    rows = []
-    for name, m in by_instrument.items():
+
+    def row(name: str) -> list[Any]:
+        m = by_instrument[name]
         losses = [baselines[r].get("test_by_instrument", {}).get(name, {}) for r in rivals]
         skill = m.get("skill")
-        rows.append(
-            [
-                name,
-                m.get("windows"),
-                m.get("test_loss"),
-                *(b.get("test_loss") for b in losses),
-                None if skill is None else f"{skill:+.1%}",
-                m.get("best_baseline"),
-                m.get("test_directional_accuracy"),
-                m.get("up_share", m.get("test_up_share")),
-            ]
-        )
+        return [
+            name,
+            m.get("windows"),
+            m.get("test_loss"),
+            *(b.get("test_loss") for b in losses),
+            None if skill is None else f"{skill:+.1%}",
+            m.get("best_baseline"),
+            m.get("test_directional_accuracy"),
+            m.get("up_share", m.get("test_up_share")),
+        ]
+
+    order, by = _ranking(by_instrument, by_instrument, "test_loss", "test loss", low=True)
+    parts = listed(list(by_instrument), order)
+    skills = [m["skill"] for m in by_instrument.values() if m.get("skill") is not None]
     return [
         "",
         "### Per instrument",
         "",
         "Test quantile loss (normalized) of the model and of each baseline on the instrument's "
         "own test windows; skill against the instrument's strongest baseline.",
-        "",
-        *_table(head, rows),
+        *_panel_note(parts, skills, "skill", "{:+.1%}", by),
+        *_parts_tables(parts, head, row),
     ]
 
 
@@ -482,14 +656,16 @@ def _quality_section(summary: dict[str, Any], run_dir: Path, plots: bool) -> lis
     ]
     rows.append(["all", *(m.get(k) for k in keys), m.get("hit_rate"), m.get("majority_rate")])
     lines += _table(head, rows)
-    if len(ev["by_instrument"]) > 1:
-        lines += [
-            "",
-            *_table(
-                ["instrument", *head[1:7]],
-                [[n, *(i[k] for k in keys)] for n, i in ev["by_instrument"].items()],
-            ),
-        ]
+    ics = ev["by_instrument"]
+    if len(ics) > 1:
+        # a panel's: the instruments of the best and worst skill, as in the per-instrument table
+        order, by = _ranking(m.get("by_instrument"), ics, "ic", "IC")
+        parts = listed(list(ics), order)
+        values = [i["ic"] for i in ics.values() if i["ic"] is not None]
+        lines += _panel_note(parts, values, "IC", "{:+.3f}", by)
+        lines += _parts_tables(
+            parts, ["instrument", *head[1:7]], lambda n: [n, *(ics[n][k] for k in keys)]
+        )
     pinball = ", ".join(
         f"{q:g}: {v:.4f}" for q, v in zip(ev["quantiles"], ev["pinball_by_quantile"], strict=True)
     )
@@ -546,8 +722,16 @@ def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     if "skipped" in s:
         return ["## Strategy", "", f"(Not run: {s['skipped']}.)"]
     keys = ["sharpe", "sharpe_se", "max_drawdown", "turnover", "net_return"]
+    per = s["by_instrument"]
+    order, by = _ranking(
+        (summary.get("metrics") or {}).get("by_instrument"), per, "sharpe", "Sharpe ratio"
+    )
+    parts = listed(list(per), order)
+    sharpes = [i["sharpe"] for i in per.values() if i.get("sharpe") is not None]
     rows = [["**model (equal-risk portfolio)**", *(s[k] for k in keys)]]
-    rows += [[f"model, {n}", *(i[k] for k in keys)] for n, i in s["by_instrument"].items()]
+    for title, names in parts:  # a panel's best and worst instruments by skill, so named
+        named = [f"model, {n}" + (f" ({title})" if title else "") for n in names]
+        rows += [[label, *(per[n][k] for k in keys)] for label, n in zip(named, names, strict=True)]
     rows.append(["buy and hold", *(s["buy_and_hold"][k] for k in keys)])
     if "best_baseline" in s:
         b = s["best_baseline"]
@@ -560,6 +744,7 @@ def _strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
         "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
         "",
         *_table(["strategy", "Sharpe (net)", "se", "max drawdown", "turnover", "net return"], rows),
+        *_panel_note(parts, sharpes, "Sharpe ratio", "{:+.2f}", by),
         "",
         "The standard error (Lo 2002, i.i.d. returns) says how far the Sharpe ratio of this "
         "test period can be from zero by chance: a short period of fast bars gives a large one.",
@@ -684,9 +869,10 @@ def _calibration_line(cal: dict[str, Any]) -> str:
 
 
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
-    """What a person reads at the end of a run, before its JSON line: the test loss and the
-    skill against the strongest baseline (per instrument too), direction against its base rate,
-    calibration in one line, and where the report is (`report`, default the run's report.md)."""
+    """What a person reads at the end of a run, before its JSON line: a panel's cross-sectional
+    IC first, the test loss and the skill against the strongest baseline (per instrument too: a
+    panel's spread, best and worst), direction against its base rate, calibration in one line,
+    and where the report is (`report`, default the run's report.md)."""
     m = summary.get("metrics") or {}
     if m.get("test_loss") is None:
         return []
@@ -699,22 +885,32 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
             f"; skill {m['skill']:+.1%} against {m['best_baseline']}, the strongest baseline: "
             f"the model {verdict} it"
         )
-    per = [
-        f"{name} {p['skill']:+.1%} ({p['best_baseline']})"
-        for name, p in (m.get("by_instrument") or {}).items()
-        if p.get("skill") is not None
-    ]
-    if len(per) > 1:
-        lines.append("skill per instrument: " + ", ".join(per))
+    if cross_sectional(m):
+        lines.insert(0, f"cross-sectional {ic_figures(m)}")
+    per = m.get("by_instrument") or {}
+    order = ranked(per)
+    parts = listed(order, order)
+    if len(parts) > 1:  # a panel
+        lines.append(f"skill per instrument: {spread([per[n]['skill'] for n in order], 'skill')}")
+        for title, names in parts:
+            lines.append(f"  {title}: " + ", ".join(f"{n} {per[n]['skill']:+.1%}" for n in names))
+    elif len(order) > 1:
+        lines.append(
+            "skill per instrument: "
+            + ", ".join(
+                f"{name} {p['skill']:+.1%} ({p['best_baseline']})"
+                for name, p in per.items()
+                if p.get("skill") is not None
+            )
+        )
     accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
     if accuracy is not None and up is not None:
         lines.append(
             f"direction: {accuracy:.1%} right, against {max(up, 1 - up):.1%} for always "
             f"{'up' if up >= 0.5 else 'down'}"
         )
-    if m.get("ic") is not None:
-        t = f"{m['ic_t']:.1f}" if m.get("ic_t") is not None else "n/a"
-        lines.append(f"IC {m['ic']:+.3f} (t {t}), rank IC {m['rank_ic']:+.3f}")
+    if m.get("ic") is not None and not cross_sectional(m):
+        lines.append(ic_figures(m))
     horizons = [_horizon_line(h) for h in m.get("horizons") or []]
     if horizons:
         lines.append("; ".join(horizons))

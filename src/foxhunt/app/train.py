@@ -206,23 +206,45 @@ def _train(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     keep_freed_memory()  # a step's memory stays mapped for the next (foxhunt.memory.heap)
-    run = prepare(cfg, run_dir)
-    precision = precision_of(cfg)  # chosen once; its settings checked before any data is read
-    resumed = resume_point(cfg, run, overrides, precision)
-    parts = assemble(cfg, run, resumed, precision, extra_callbacks, init_weights)
-    fitted = fit_and_test(cfg, parts, resumed.ckpt_path, test)
+    phase = Phases()
+    with phase("setup"):  # the checks, the data read and windowed, the model built
+        run = prepare(cfg, run_dir)
+        precision = precision_of(cfg)  # chosen once; checked before any data is read
+        resumed = resume_point(cfg, run, overrides, precision)
+        parts = assemble(cfg, run, resumed, precision, extra_callbacks, init_weights)
+    fitted = fit_and_test(cfg, parts, resumed.ckpt_path, test, phase)
     origin = {
         "resumed_from": str(resumed.ckpt_path) if resumed.ckpt_path else None,
         "initialized_from": str(init_weights) if init_weights else None,
     }
-    summary = (finish if test else finish_validation)(cfg, run, parts, fitted, origin)
+    with phase("evaluate"):  # forecasts, calibration, baselines, strategy, export
+        summary = (finish if test else finish_validation)(cfg, run, parts, fitted, origin)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
+    summary["phases_s"] = phase.seconds
     if parts.trainer.is_global_zero:  # under DDP every process has the summary; one writes it
         write_json(run.summary, summary)
         if cfg.report and test:  # after the summary: nothing here can lose it
-            _report(cfg, run.path, summary, parts.module, parts.datamodule)
+            with phase("report"):
+                _report(cfg, run.path, summary, parts.module, parts.datamodule)
+        log.info("run: %s", ", ".join(f"{k} {v:g} s" for k, v in phase.seconds.items()))
     parts.trainer.strategy.barrier("summary")  # the other processes end with rank 0
     return summary
+
+
+class Phases:
+    """Wall seconds of each phase of a run (summary.json's phases_s; the report's, which comes
+    after the summary is written, only in the log)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - began, 1)
 
 
 def prepare(cfg: DictConfig, run_dir: Path) -> RunDir:
@@ -323,7 +345,11 @@ def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
 
 
 def fit_and_test(
-    cfg: DictConfig, parts: Assembled, ckpt_path: Path | None, test: bool = True
+    cfg: DictConfig,
+    parts: Assembled,
+    ckpt_path: Path | None,
+    test: bool = True,
+    phase: Phases | None = None,
 ) -> Fitted:
     """Fit (from `ckpt_path` when resuming) and test the best checkpoint (unless not `test`),
     under the memory policy's budget."""
@@ -340,7 +366,8 @@ def fit_and_test(
         device_budget(device, budget_mb, track=held, cuda_context_mb=context_mb),
         _oom_is_a_user_error(cfg),
     ):
-        with warnings.catch_warnings():
+        phase = phase or Phases()
+        with warnings.catch_warnings(), phase("fit"):
             # a checkpoint written mid-epoch (an interrupt) resumes exactly: the data module
             # records how far the epoch got (its state_dict), which Lightning's warning ignores
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that")
@@ -350,7 +377,12 @@ def fit_and_test(
         best_score, ended = parts.checkpoint.best_model_score, parts.outcome.outcome(trainer)
         tested = {}
         if test:
-            tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+            # every test window's forecast, kept for the evaluation (one process: under DDP
+            # each holds its shard, and rank 0 forecasts them all again)
+            module.kept = [] if trainer.world_size == 1 and _every_window(cfg, "test") else None
+            with phase("test"):
+                run = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+            tested = run[0]
     return Fitted(best, last, _float(best_score), ended, tested)
 
 
@@ -433,6 +465,7 @@ def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str,
         "world_size": trainer.world_size,  # DDP processes
         "val_batch_size": datamodule.val_batch_size,
         "num_features": schema.num_features,
+        "windows": {split: len(d) for split, d in datamodule.datasets.items()},
         "dropped_features": list(schema.dropped),  # constant over the training split
         "num_parameters": sum(p.numel() for p in parts.module.model.parameters()),
         "quantiles": list(cfg.model.quantiles),
@@ -457,13 +490,18 @@ def evaluate_test(
     `metrics` merged in, and the calibration."""
     datamodule: ParquetDataModule = trainer.datamodule
     quantiles = list(cfg.model.quantiles)  # exact: the module's buffer is float32
-    raw, model_crossing = forecast_split(trainer, module, "test")
-    own_loss = _quantile_loss(raw, datamodule, quantiles)
-    every_window = cfg.trainer.get("limit_test_batches") in (None, 1.0)  # the test step's too
-    if own_loss is not None and every_window and abs(own_loss / test_loss - 1) > 1e-3:
-        log.warning(  # the same windows and model: a mismatch is a bug, not noise
-            "the test forecasts score %.6g, the test step %.6g", own_loss, test_loss
-        )
+    if module.kept is not None:  # the test step's own forecasts
+        raw = torch.cat(module.kept).numpy() if module.kept else np.empty((0, 0, 0), np.float32)
+        model_crossing, module.kept = crossing_rate(raw), None
+        assert len(raw) == len(datamodule.datasets["test"]), "the test step skipped windows"
+    else:
+        raw, model_crossing = forecast_split(trainer, module, "test")
+        own_loss = _quantile_loss(raw, datamodule, quantiles)
+        if own_loss is not None and _every_window(cfg, "test"):
+            if abs(own_loss / test_loss - 1) > 1e-3:
+                log.warning(  # the same windows and model: a mismatch is a bug, not noise
+                    "the test forecasts score %.6g, the test step %.6g", own_loss, test_loss
+                )
     val_pred, _ = forecast_split(trainer, module, "val")
     calibration, pred, calibrated = calibrate_run(
         cfg.calibration, datamodule.datasets, datamodule.schema, val_pred, raw, quantiles
@@ -476,6 +514,13 @@ def evaluate_test(
     if cfg.report:
         plot_equity(judged.equity, run_dir / EQUITY_PLOT)
     return {**judged.summary, "calibration": calibrated}, calibration
+
+
+def _every_window(cfg: DictConfig, split: str) -> bool:
+    """Whether the Trainer's `split` pass sees every window (no trainer.limit_*_batches; an
+    integer is a number of batches, 1 one batch, the float 1.0 all of them)."""
+    limit = cfg.trainer.get(f"limit_{split}_batches")
+    return limit is None or (isinstance(limit, float) and limit == 1.0)
 
 
 def _quantile_loss(

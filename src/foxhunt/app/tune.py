@@ -48,8 +48,8 @@ from foxhunt.app import backtest
 from foxhunt.app.backtest import Fold
 from foxhunt.app.train import train
 from foxhunt.config import validate
+from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
-from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import NO_START
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation import selection
@@ -74,8 +74,7 @@ def tune(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     """The study (continued where its storage holds it), then (unless a worker job) the refit
     and the summary, written to the study's directory."""
     check(cfg)
-    if cfg.data.generate_if_missing:
-        ensure_sample(cfg.data.path)
+    resolve_data(cfg.data)  # the sample generated; the columns found (foxhunt.data.names)
     folds = study_folds(timeline(cfg.data), cfg)
     plan = {
         "space": OmegaConf.to_container(cfg.tune_space, resolve=True),

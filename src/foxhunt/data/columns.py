@@ -68,9 +68,9 @@ def resolve_columns(
     observed += extra
     wanted += extra
     futures = getattr(cfg, "futures", None)
-    if futures is not None and futures.enabled and futures.roll.open_interest_column:
+    on = futures_enabled(cfg)
+    if on and futures.roll.open_interest_column:
         wanted.append(futures.roll.open_interest_column)  # read, not a feature
-    on = futures is not None and futures.enabled
     for key, column in (
         ("roll.expiry_column", futures.roll.expiry_column if on else None),
         ("root_column", getattr(futures, "root_column", None) if on else None),
@@ -89,6 +89,19 @@ def resolve_columns(
     keys = {cfg.time_column, cfg.group_column}
     values = [c for c in dict.fromkeys(wanted + observed) if c not in keys]
     return observed, known, static, target, values
+
+
+def futures_enabled(cfg: Any) -> bool:
+    """data.futures.enabled, once `foxhunt.data.names` has decided `auto` from the data."""
+    futures = getattr(cfg, "futures", None)
+    if futures is None:
+        return False
+    if futures.enabled == "auto":
+        raise DataError(
+            "data.futures.enabled=auto is decided from the data's instrument ids, and no data "
+            "file was given: give data.path, or set data.futures.enabled=true or false"
+        )
+    return bool(futures.enabled)
 
 
 def extra_features(

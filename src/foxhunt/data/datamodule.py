@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data.features import INTRADAY_CALENDAR
+from foxhunt.data.names import resolve_data
 from foxhunt.data.read import bar_step, read_data, read_end, timeline
 from foxhunt.data.schema import DataSchema, constant_features, drop_features
-from foxhunt.data.source import ensure_sample
 from foxhunt.data.splits import SPLITS, calendar_cuts
 from foxhunt.data.store import open_store, wants_lazy
 from foxhunt.data.windows import WindowArrays, WindowBuilder, WindowDataset, split_windows
@@ -101,8 +101,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
 
     def prepare_data(self) -> None:
-        if self.cfg.generate_if_missing:
-            ensure_sample(self.cfg.path)
+        resolve_data(self.cfg)  # the sample generated; the columns found (foxhunt.data.names)
 
     def setup(self, stage: str | None = None) -> None:
         if self.schema is not None:

@@ -18,7 +18,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from foxhunt.config import parse_time
-from foxhunt.data.columns import OHLCV_FIELDS, ColumnPlan, check_files, column_plan, is_numeric
+from foxhunt.data.columns import (
+    OHLCV_FIELDS,
+    ColumnPlan,
+    check_files,
+    column_plan,
+    futures_enabled,
+    is_numeric,
+)
 from foxhunt.data.features import derive_features
 from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
@@ -210,10 +217,12 @@ def make_series(
     steps = np.diff(t)
     if (steps <= 0).any():
         i = int(np.argmax(steps <= 0)) + 1
+        fix = "sort the file by instrument and time"
+        if cfg.group_column is None and len(np.unique(t)) < len(t):  # a time twice: a panel
+            fix = "a file of several instruments needs data.group_column=NAME (their column)"
         raise DataError(
             f"time column '{cfg.time_column}' is not strictly increasing in instrument "
-            f"{name} at its row {i} (of {len(t)}){locate(i)}; "
-            "sort the file by instrument and time"
+            f"{name} at its row {i} (of {len(t)}){locate(i)}; {fix}"
         )
     cols, keep = _handle_non_finite(values, cfg.nan_policy, name, locate)
     t = t[keep]
@@ -304,8 +313,10 @@ def load_table(table: pa.Table, cfg: Any) -> Loaded:
     return from_table(column_plan(pads.dataset(table), cfg), table)
 
 
-def from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
-    """The series of a table in the common types (with data.futures: one per root)."""
+def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = None) -> Loaded:
+    """The series of a table in the common types (with data.futures: one per root).
+    `problems`: each instrument's DataError appended there, its series left out, instead of
+    raising the first (scripts/inspect_data.py lists them all)."""
     cfg = plan.cfg
     if (end := read_end(cfg)) is not None:
         table = table.filter(pa.array(time_ns_of(table, cfg) < end))
@@ -323,9 +334,14 @@ def from_table(plan: ColumnPlan, table: pa.Table) -> Loaded:
     series = []
     for g, name in enumerate(names):
         rows = order[bounds[g] : bounds[g + 1]]
-        series.append(
-            make_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
-        )
+        try:
+            series.append(
+                make_series(plan, name, time_ns[rows], {c: v[rows] for c, v in values.items()})
+            )
+        except DataError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
     return Loaded.of(plan, series, rolls)
 
 
@@ -337,11 +353,6 @@ def read_end(cfg: Any) -> int | None:
     if split is None or split.test_end is None or split.test_end != split.test_start:
         return None
     return parse_time("data.split.test_end", split.test_end)
-
-
-def futures_enabled(cfg: Any) -> bool:
-    futures = getattr(cfg, "futures", None)
-    return bool(futures is not None and futures.enabled)
 
 
 def expiry_column(cfg: Any) -> str | None:

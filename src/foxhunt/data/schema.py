@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from foxhunt.data.columns import ColumnPlan, column_plan
+from foxhunt.data.names import resolve_data
 from foxhunt.data.read import Loaded, instrument_names
-from foxhunt.data.source import ensure_sample, open_dataset
+from foxhunt.data.source import open_dataset
 from foxhunt.data.splits import mean_std
 from foxhunt.errors import CheckpointError
 
@@ -165,8 +166,7 @@ def drop_features(found: dict[str, Any], dropped: dict[str, str]) -> tuple[dict,
 def footer_schema(cfg: Any) -> DataSchema:
     """The configured data's schema from its Parquet footers and group column alone, without
     normalization statistics: enough to size a model (the memory estimator's input)."""
-    if cfg.generate_if_missing:
-        ensure_sample(cfg.path)
+    resolve_data(cfg)
     dataset = open_dataset(cfg.path)
     return DataSchema.from_loaded(column_plan(dataset, cfg), cfg, instrument_names(dataset, cfg))
 

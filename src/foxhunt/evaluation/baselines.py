@@ -21,15 +21,16 @@ from the last observed value for a level target.
 - `lightgbm`: one LightGBM quantile model per quantile on the same inputs (the step as a
   feature), when `lightgbm` is installed (`pip install -e ".[baselines]"`).
 
-The tables and models are estimated from a seeded subsample of the training windows, which
-bounds the time they add to a run; the linear and LightGBM quantiles are sorted before scoring
-(never worse, Chernozhukov et al. 2010), as a skeptic would."""
+The tables and models are estimated from an evenly spaced subsample of the training windows
+past a bound (TABLE_WINDOWS, MODEL_WINDOWS), which bounds the time they add to a run and is
+recorded as `subsampled`; the linear and LightGBM quantiles are sorted before scoring (never
+worse, Chernozhukov et al. 2010), as a skeptic would."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from foxhunt.data.splits import mean_std
 from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.loss import quantile_loss
+from foxhunt.run.progress import steps
 
 DAY_NS = 86_400 * 10**9
 SEASON_NS = 30 * 60 * 10**9  # the shortest time-of-day bucket
@@ -46,10 +48,14 @@ MIN_CELL = 30  # training moves a seasonal cell needs; fewer: the instrument's u
 EWMA_DECAY = 0.94  # RiskMetrics' lambda
 SIGMA_FLOOR = 0.1  # of the median training volatility: a flat encoder still forecasts a spread
 LAGS = 8  # the encoder's latest moves among the linear and LightGBM inputs
-TABLE_WINDOWS = 100_000  # training windows the quantile tables are estimated from, at most
-# training windows the linear and LightGBM models are fit on, at most; with LINEAR_STEPS and
-# LIGHTGBM_ROUNDS, ~2 s on one core (twice the windows, steps or rounds scored the same on the
-# bundled sample)
+# Training windows the baselines are fit on, at most (more: an evenly spaced subsample). What a
+# fit costs grows with its windows; measured on 250 daily instruments x 2000 bars (306,250
+# training windows, encoder 64; one thread, load average 4-5 on 2 cores): the quantile tables
+# take 0.2-0.7 s on all of them, but gathered they hold ~1 kB a window (100,000: ~95 MB); the
+# linear and LightGBM fits take ~1.8 and ~3-4 s per 10,000 windows (on all: 55 s and 93 s, and
+# 12 GB peak for LightGBM's one row per window and step), while twice the windows, steps or
+# rounds scored the same on the bundled sample
+TABLE_WINDOWS = 100_000
 MODEL_WINDOWS = 10_000
 LINEAR_STEPS = 100  # full-batch Adam steps
 LIGHTGBM_ROUNDS = 50
@@ -309,7 +315,19 @@ def fit_lightgbm(train: Windows, quantiles: np.ndarray, groups: int) -> tuple[Pr
 
 
 def _sample(n: int, at_most: int, rng: np.random.Generator) -> np.ndarray:
-    return np.arange(n) if n <= at_most else np.sort(rng.choice(n, at_most, replace=False))
+    """All `n` window indices, or `at_most` evenly spaced from a seeded offset: every
+    instrument's share of them over its whole history (a dataset's windows run instrument by
+    instrument, in time), where a random draw gives some instruments more than others."""
+    if n <= at_most:
+        return np.arange(n)
+    step = n / at_most
+    return np.minimum(rng.uniform(0, step) + step * np.arange(at_most), n - 1).astype(np.int64)
+
+
+def _chunks(ds: WindowDataset, desc: str) -> Iterator[np.ndarray]:
+    """The window indices of `ds`, CHUNK at a time; the progress shown on a terminal."""
+    parts = np.array_split(np.arange(len(ds)), max(1, -(-len(ds) // CHUNK)))
+    return steps(parts, desc, unit="chunk")
 
 
 class Tally:
@@ -354,17 +372,19 @@ def score(
     target_kind: str,
     quantiles: list[float],
     names: list[str],
+    desc: str = "baselines: score",
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """Each predictor's {loss, directional_accuracy} on every window of `ds`, pooled (key
     None) and per instrument (its name, from the vocabulary `names`): ({predictor: {key:
     scores}}, {key: {windows, up_share}}), the up share being the share of the target's moves
     that were up (moves of zero not counted, as in the directional accuracy: what "always up"
-    scores). One unnamed series (`names` empty) is scored pooled only."""
+    scores). One unnamed series (`names` empty) is scored pooled only; `desc` names the
+    progress shown on a terminal."""
     q = np.asarray(quantiles, dtype=np.float64)
     groups = max(len(names), 1)
     tallies = {name: Tally(groups, q) for name in predictors}
     windows, up, moved = np.zeros(groups), np.zeros(groups), np.zeros(groups)
-    for chunk in np.array_split(np.arange(len(ds)), max(1, -(-len(ds) // CHUNK))):
+    for chunk in _chunks(ds, desc):
         w = gather(ds, chunk, target_kind)
         move = w.move
         windows += np.bincount(w.group, minlength=groups)
@@ -398,8 +418,9 @@ def model_forecasts(pred: np.ndarray, target_kind: str) -> Predict:
 def fit_baselines(
     train: WindowDataset, target_kind: str, quantiles: list[float], seed: int = 0
 ) -> tuple[dict[str, Predict], dict[str, dict]]:
-    """Every baseline fit on (a seeded subsample of) the training windows: the fitted ones by
-    name, and for every one {about, fit_s}, or {skipped: why}."""
+    """Every baseline fit on the training windows (past TABLE_WINDOWS or MODEL_WINDOWS, an
+    evenly spaced subsample from a seeded offset): the fitted ones by name, and for every one
+    {about, fit_s, and when subsampled: subsampled: {from, to} windows}, or {skipped: why}."""
     q = np.asarray(quantiles, dtype=np.float64)
     rng = np.random.default_rng(seed)
     tables = gather(train, _sample(len(train), TABLE_WINDOWS, rng), target_kind)
@@ -413,9 +434,11 @@ def fit_baselines(
         "linear": lambda: fit_linear(models, q, groups),
         "lightgbm": lambda: fit_lightgbm(models, q, groups),
     }
+    fit_on = {"unconditional": tables, "volatility_scaled": tables, "seasonal": tables}
+    fit_on |= {"linear": models, "lightgbm": models}
     predictors: dict[str, Predict] = {}
     out: dict[str, dict] = {}
-    for name, fit in fits.items():
+    for name, fit in steps(list(fits.items()), "baselines: fit", label=lambda f: f[0]):
         started = time.perf_counter()
         try:
             predictors[name], about = fit()
@@ -423,6 +446,8 @@ def fit_baselines(
             out[name] = {"skipped": str(why)}
             continue
         out[name] = {"about": about, "fit_s": round(time.perf_counter() - started, 2)}
+        if name in fit_on and len(fit_on[name].index) < len(train):
+            out[name]["subsampled"] = {"from": len(train), "to": len(fit_on[name].index)}
     return predictors, out
 
 
@@ -444,14 +469,18 @@ def score_baselines(
     the strongest baseline's forecasts of the test windows like `model`'s, or None)."""
     predictors, out = fit_baselines(datasets["train"], target_kind, quantiles, seed)
     if len(datasets["val"]):
-        scored, _ = score(predictors, datasets["val"], target_kind, quantiles, names)
+        scored, _ = score(
+            predictors, datasets["val"], target_kind, quantiles, names, "baselines: validation"
+        )
         for name, found in scored.items():
             out[name]["val_loss"] = found[None]["loss"]
     if not len(datasets["test"]):
         return out, {}, None
     if model is not None:
         predictors[MODEL] = model_forecasts(model, target_kind)
-    scored, test = score(predictors, datasets["test"], target_kind, quantiles, names)
+    scored, test = score(
+        predictors, datasets["test"], target_kind, quantiles, names, "baselines: test"
+    )
     scored = {n: {k: _test_metrics(s) for k, s in found.items()} for n, found in scored.items()}
     own = scored.pop(MODEL, None)
     for name, found in scored.items():
@@ -461,14 +490,20 @@ def score_baselines(
         against, best = skill(own[key]["test_loss"], {n: f[key] for n, f in scored.items()})
         test[key] |= own[key] | {"skill": against, "best_baseline": best}
     best = skill(0.0, out)[1]  # the strongest on the test windows, pooled
-    best_forecasts = forecast_all(predictors[best], datasets["test"], target_kind) if best else None
+    best_forecasts = None
+    if best:
+        desc = f"baselines: {best}'s test forecasts"
+        best_forecasts = forecast_all(predictors[best], datasets["test"], target_kind, desc)
     return out, test, best_forecasts
 
 
-def forecast_all(predict: Predict, ds: WindowDataset, target_kind: str) -> np.ndarray:
-    """[windows, H, Q] a predictor's forecasts (normalized) of every window of `ds`, in order."""
+def forecast_all(
+    predict: Predict, ds: WindowDataset, target_kind: str, desc: str = "baselines: forecast"
+) -> np.ndarray:
+    """[windows, H, Q] a predictor's forecasts (normalized) of every window of `ds`, in order;
+    `desc` names the progress shown on a terminal."""
     out = []
-    for chunk in np.array_split(np.arange(len(ds)), max(1, -(-len(ds) // CHUNK))):
+    for chunk in _chunks(ds, desc):
         w = gather(ds, chunk, target_kind)
         out.append(w.reference.double().numpy()[..., None] + predict(w))
     return np.concatenate(out).astype(np.float32)

@@ -170,6 +170,9 @@ class TFTModule(L.LightningModule):
         quantiles = list(model["quantiles"])
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
         self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
+        # the test step's forecasts, kept (float32, on the CPU) when `kept` is a list: the run's
+        # evaluation then needs no second pass over the test windows (one process only)
+        self.kept: list[torch.Tensor] | None = None
         # a return's MAE in basis points too: a raw return rounds to 0.000 in the progress bar
         bps = {"mae_bps": MeanAbsoluteError()} if self.schema.target_kind == "return" else {}
         self.metrics = nn.ModuleDict(
@@ -285,6 +288,8 @@ class TFTModule(L.LightningModule):
 
     def _update(self, batch: dict[str, torch.Tensor], stage: str) -> None:
         pred = validation_forward(self.model, batch)
+        if stage == "test" and self.kept is not None:
+            self.kept.append(pred.float().cpu())
         target = batch["target"]
         # the naive forecast: a zero return, or the last observed level
         if self.schema.target_kind == "return":
