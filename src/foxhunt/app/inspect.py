@@ -9,7 +9,6 @@ are what it will use."""
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,6 @@ from foxhunt.precision import precision_of
 from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 
-log = logging.getLogger(__name__)
 DAY_NS = 86_400 * 10**9
 SHOWN = 5  # instruments named in a line
 OFF_SPAN_BARS = 10  # bars after the first (before the last) time of all: listed (delisted)
