@@ -110,7 +110,8 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
     ids = table[d.group_column].to_numpy(zero_copy_only=False) if d.group_column else None
     names, codes = np.unique(ids, return_inverse=True) if ids is not None else (["series"], None)
     start, end = int(t.min()), int(t.max())
-    step = float(np.median(np.diff(np.unique(t)))) if len(np.unique(t)) > 1 else 0.0
+    distinct = np.unique(t)
+    step = float(np.median(np.diff(distinct))) if len(distinct) > 1 else 0.0
     each = {}
     for g, name in enumerate(names):
         times = np.sort(t if codes is None else t[codes == g])
