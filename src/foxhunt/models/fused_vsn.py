@@ -17,6 +17,14 @@ It also uses that a continuous variable's embedding is a scalar x times a vector
 
 Per variable j (rows m): h1 = x A_j + C_j; a = ELU(h1); f = dropout(a W2_j + b2_j);
 g = f Wg_j + bg_j; z = GLU(g) + r_j; y = LayerNorm_j(z); out_m = sum_j s_mj y_mj.
+
+Two implementations of the same computation: in float32 on a CPU the elementwise chains run in
+C (`cpu_kernels`: each chain one pass instead of about ten, its dropout mask drawn from a seed
+in forward and again in backward, not kept), and with a small variable_dim the whole forward
+does its matmuls row by row there (`row_matmuls`); elsewhere (CUDA, float64, torch.export,
+torch.compile, a hidden size that is not a multiple of 16, or no C compiler at install) the
+PyTorch ops below. The two agree to float32 rounding (tests/models/test_cpu_kernels.py); their
+dropout masks are drawn differently.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
+import foxhunt.models.cpu_kernels as cpu_kernels
 from foxhunt.models.dropout import keep_mask, keep_scale
 
 # Elements per intermediate tensor of one chunk. Small enough that a chunk's dozen elementwise
@@ -42,6 +51,9 @@ CHUNK_ELEMENTS = 1024 * 1024
 EXPORT_ROW_ELEMENTS = 1024
 EXPORT_MAX_CHUNKS = 32
 LN_EPS = 1e-5
+# The largest variable_dim for which the kernel path's forward does its matmuls row by row in C:
+# at S (variable_dim 16) MKL's batched matmuls with K = 16 mostly write their output.
+ROW_MATMUL_MAX_DH = 32
 
 
 def _chunks(n: int, per_variable: int, x: Tensor) -> list[slice]:
@@ -289,6 +301,219 @@ class _SelectedGRNs(torch.autograd.Function):
         )
 
 
+def _kernel_forward(
+    x: Tensor,
+    s: Tensor,
+    A: Tensor,
+    C: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    Wg: Tensor,
+    bg: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    dropout: float,
+    seed: int,
+    chunks: list[slice],
+    f_all: Tensor | None = None,
+    g_all: Tensor | None = None,
+) -> Tensor:
+    """`_forward` with the elementwise chains in C (`cpu_kernels`), one pass each: ELU; fc2's
+    bias with the dropout mask (drawn from `seed`, not kept); everything after the GLU's matmul,
+    its bias and the dropout scale included. The matmuls run without their biases."""
+    rows, h = x.shape[1], gamma.shape[-1]
+    scale = keep_scale(dropout, x)
+    if row_matmuls(W2.shape[-1]):
+        return cpu_kernels.forward(
+            x,
+            A,
+            C,
+            W2,
+            b2,
+            Wg,
+            bg,
+            seed,
+            dropout,
+            scale,
+            s,
+            u,
+            v,
+            R0,
+            R1,
+            R2,
+            gamma,
+            beta,
+            f_all,
+            g_all,
+        )
+    # nothing dropped and f not kept: fc2's bias rides on the gate's,
+    # (a W2 + b2) Wg + bg = (a W2) Wg + (b2 Wg + bg)
+    fold = not dropout and f_all is None
+    out = x.new_zeros(rows, h)
+    for c in chunks:
+        a = cpu_kernels.elu(x[c], A[c], C[c])
+        f = torch.bmm(a, W2[c], out=None if f_all is None else f_all[c])
+        del a
+        if fold:
+            bias = torch.baddbmm(_row(bg[c]), _row(b2[c]), Wg[c]).squeeze(1)
+        else:
+            cpu_kernels.bias_dropout(f, b2[c], c.start, seed, dropout)
+            bias = bg[c]
+        g = torch.bmm(f, Wg[c], out=None if g_all is None else g_all[c])
+        del f
+        cpu_kernels.gate_norm_sum(
+            g,
+            bias,
+            scale,
+            s[c],
+            u[c],
+            *_rows(c, v),
+            R0[c],
+            R1[c],
+            *_rows(c, R2),
+            gamma[c],
+            beta[c],
+            out,
+        )
+        del g
+    return out
+
+
+def row_matmuls(dh: int) -> bool:
+    """Whether the kernel path's forward runs in one pass with its matmuls row by row
+    (`cpu_kernels.forward`) for variable_dim `dh`, rather than in chunks around MKL's matmuls.
+    (Backward stays in chunks: its weight gradients are matmuls over all rows, MKL's work; done
+    row by row in C, the forward recomputed, they took 1.6x as long at bench config S.)"""
+    return dh <= ROW_MATMUL_MAX_DH and dh % cpu_kernels.LANES == 0
+
+
+class _KernelSelectedGRNs(torch.autograd.Function):
+    """`_SelectedGRNs` with the elementwise chains in C, for float32 on a CPU."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> Tensor:
+        *tensors, dropout, save, recompute = args
+        x, W2, gamma = tensors[0], tensors[4], tensors[13]
+        n, rows = x.shape
+        dh, h = W2.shape[-1], gamma.shape[-1]
+        seed = _seed(x) if dropout else 0
+        f_all = x.new_empty(n, rows, dh) if save and not recompute else None
+        g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
+        chunks = _chunks(n, rows * 2 * h, x)
+        out = _kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
+        if save:
+            ctx.save_for_backward(*tensors, f_all, g_all)
+            ctx.dropout, ctx.seed = dropout, seed
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        with torch.autocast(d_out.device.type, enabled=False):  # float32, as the forward
+            return _KernelSelectedGRNs._backward(ctx, d_out.to(ctx.saved_tensors[0].dtype))
+
+    @staticmethod
+    def _backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        (x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, g_all) = (
+            ctx.saved_tensors
+        )
+        p, seed = ctx.dropout, ctx.seed
+        scale = keep_scale(p, x)
+        n, rows = x.shape
+        h = gamma.shape[-1]
+        d_out = d_out.contiguous()
+
+        def like(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.empty_like(t)
+
+        d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        d_s, d_A, d_C, d_W2, d_Wg = like(s), like(A), like(C), like(W2), like(Wg)
+        d_u, d_v, d_R0, d_R1, d_R2 = like(u), like(v), like(R0), like(R1), like(R2)
+        d_gamma, d_beta, d_b2, d_bg = like(gamma), like(beta), like(b2), like(bg)
+        for c in _chunks(n, rows * 2 * h, x):
+            a = cpu_kernels.elu(x[c], A[c], C[c])
+            if g_all is None:  # recompute mode: f and g again, with the forward's mask
+                f = torch.bmm(a, W2[c])
+                cpu_kernels.bias_dropout(f, b2[c], c.start, seed, p)
+                g = torch.bmm(f, Wg[c])
+            else:
+                f, g = f_all[c], g_all[c]
+            d_g, sums = cpu_kernels.gate_norm_sum_backward(
+                g,
+                bg[c],
+                scale,
+                s[c],
+                u[c],
+                *_rows(c, v),
+                R0[c],
+                R1[c],
+                *_rows(c, R2),
+                gamma[c],
+                beta[c],
+                d_out,
+                d_s[c],
+                d_u[c],
+                *_rows(c, d_v),
+            )
+            del g
+            for grad, key in (
+                (d_gamma, "gamma"),
+                (d_beta, "beta"),
+                (d_R0, "R0"),
+                (d_R1, "R1"),
+                (d_R2, "R2"),
+                (d_bg, "bias"),
+            ):
+                if grad is not None:
+                    grad[c] = sums[key]
+            torch.bmm(f.transpose(1, 2), d_g, out=d_Wg[c])
+            if scale != 1:
+                d_Wg[c] *= scale
+            del f
+            d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
+            del d_g
+            # the forward's mask again, the dropout scale with it; fc2's bias gradient
+            d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
+            torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
+            d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
+            del d_f
+            d_A[c], d_C[c] = cpu_kernels.elu_backward(
+                x[c], A[c], a, d_a, None if d_x is None else d_x[c]
+            )
+            del a, d_a
+        return (
+            d_x,
+            d_s,
+            d_A,
+            d_C,
+            d_W2,
+            d_b2,
+            d_Wg,
+            d_bg,
+            d_u,
+            d_v,
+            d_R0,
+            d_R1,
+            d_R2,
+            d_gamma,
+            d_beta,
+            None,
+            None,
+            None,
+        )
+
+
+def _seed(x: Tensor) -> int:
+    """A dropout seed from torch's generator (so torch.manual_seed fixes the masks)."""
+    if isinstance(x, FakeTensor):
+        return 0
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+
+
 def selected_grns(
     x: Tensor,
     s: Tensor,
@@ -331,15 +556,31 @@ def selected_grns(
         # torch.export (and the ONNX export) sees the forward as plain tensor ops, in chunks
         # fixed by the weights' sizes: its rows are a symbolic batch
         out = _forward(*tensors, dropout, _export_chunks(n, h))
-    elif not save and not torch.is_autocast_enabled(x.device.type):
-        # inference: the same forward and chunks, without the autograd Function
-        out = _forward(*tensors, dropout, _chunks(n, xt.shape[1] * 2 * h, xt))
     elif torch.is_autocast_enabled(x.device.type):
         # under bf16 autocast the hand-written kernel runs in float32 (its preallocated
         # buffers and out= matmuls need one dtype); autocast resumes after it
         tensors = tuple(None if t is None else t.float() for t in tensors)
         with torch.autocast(x.device.type, enabled=False):
-            out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
+            out = _select(tensors, dropout, save, recompute)
     else:
-        out = _SelectedGRNs.apply(*tensors, dropout, save, recompute)
+        out = _select(tensors, dropout, save, recompute)
     return out.reshape(*lead, out.shape[-1])
+
+
+def _select(
+    tensors: tuple[Tensor | None, ...], dropout: float, save: bool, recompute: bool
+) -> Tensor:
+    """The fused selection with the C kernels where they run (float32 on a CPU), else in
+    PyTorch; without the autograd Function when nothing needs a gradient (inference)."""
+    x, gamma = tensors[0], tensors[13]
+    n, rows, h = x.shape[0], x.shape[1], gamma.shape[-1]
+    kernel = cpu_kernels.available(x, h)
+    if kernel:
+        tensors = tuple(None if t is None else t.contiguous() for t in tensors)
+    if not save:
+        chunks = _chunks(n, rows * 2 * h, x)
+        if kernel:
+            return _kernel_forward(*tensors, dropout, _seed(x) if dropout else 0, chunks)
+        return _forward(*tensors, dropout, chunks)
+    function = _KernelSelectedGRNs if kernel else _SelectedGRNs
+    return function.apply(*tensors, dropout, save, recompute)

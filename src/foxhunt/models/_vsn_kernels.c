@@ -1,0 +1,533 @@
+/* The elementwise chains of foxhunt's fused variable selection (foxhunt/models/fused_vsn.py)
+ * on a CPU, each in one pass over memory.
+ *
+ * Why hand-written: in PyTorch every step of these chains (ELU, the dropout mask, the biases,
+ * GLU, the skip, LayerNorm, its affine, the weighted sum, and their backwards) is its own pass
+ * over a [variables, rows, hidden] tensor, about ten per direction; they took two thirds of the
+ * fused selection's time at bench config S, and inductor's C++ code for them was slower than
+ * the eager passes (docs/performance.md). The matmuls between the chains stay with PyTorch
+ * (MKL, oneDNN). Python calls these through ctypes (foxhunt/models/cpu_kernels.py) with
+ * pointers to float32 tensors it allocated, so this file allocates nothing and the memory
+ * estimator, which traces the Python side, sees every buffer. A CPython module only in name:
+ * its PyInit exists so that setuptools can build it as an extension.
+ *
+ * Threads: OpenMP over rows, on the runtime PyTorch loaded (its libgomp has the same soname),
+ * with the thread count the caller passes. Reductions over rows go to one partial buffer per
+ * thread, summed by the caller. Dropout masks come from a counter-based hash of (seed, element
+ * index): the same for any thread count or chunking, and drawn again in backward, not stored.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* One copy per instruction set (AVX-512, AVX2 + FMA, baseline), chosen at load time by the
+ * CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+#define LN_EPS 1e-5f
+#define MAX_HIDDEN 4096 /* a row's scratch lives on the stack */
+
+typedef int64_t i64;
+
+/* vectors pass between static inline functions only: no ABI to keep */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+/* The hidden-wide rows are written with GCC's vector types, 16 floats at a time (one AVX-512
+ * register, two AVX2 ones), hence hidden % 16 == 0 (cpu_kernels.available checks it): with
+ * `omp simd` loops the compiler kept the per-row sums on the stack and masked every loop, and
+ * the backward ran 2-3x slower. */
+#define VL 16
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef float vf_u __attribute__((vector_size(4 * VL), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * VL)));
+
+static inline vf load(const float *p) { return *(const vf_u *)p; }
+static inline void store(float *p, vf v) { *(vf_u *)p = v; }
+static inline vf splat(float x) { return (vf){0} + x; }
+static inline vf blend(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+
+static inline float hsum(vf v) { /* a tree of halves: a chain of 16 adds waits on each */
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+
+/* exp(x) to about 2 ulp (Cephes' expf polynomial) in vector operations: libm's expf is a call
+ * per element. */
+static inline vf vexp(vf x) {
+    x = blend(x < splat(-87.0f), splat(-87.0f), x);
+    x = blend(x > splat(88.0f), splat(88.0f), x);
+    const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vf n = (x * 1.44269504088896341f + magic) - magic;
+    vf r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    vf y = p * r * r + r + 1.0f;
+    vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+    return y * (vf)bits;
+}
+
+static inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+
+/* The scalar exp for the variable_dim-wide loops below, which `omp simd` vectorizes (their
+ * width need not be a multiple of 16). */
+static inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float magic = 12582912.0f;
+    float n = (x * 1.44269504088896341f + magic) - magic;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+/* The dropout hash: lowbias32 (Chris Wellons' integer hash). */
+static inline uint32_t mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+/* The key of the row that starts at element `start`: the seed and the index's high bits. */
+static inline uint32_t row_key(uint64_t seed, uint64_t start) {
+    return mix32((uint32_t)seed ^ mix32((uint32_t)(seed >> 32) ^ (uint32_t)(start >> 32)));
+}
+
+/* 1 if element `start + k` is kept: its hash's top 16 bits clear `threshold` (p * 65536). */
+static inline float kept(uint32_t key, uint64_t start, i64 k, uint32_t threshold) {
+    uint32_t h = mix32(((uint32_t)start + (uint32_t)k) * 0x9E3779B9U ^ key);
+    return (h >> 16) >= threshold ? 1.0f : 0.0f;
+}
+
+static int threads(int n) {
+#ifdef _OPENMP
+    return n > 0 ? n : 1;
+#else
+    (void)n;
+    return 1;
+#endif
+}
+
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* The team's size, which OpenMP may make smaller than asked (nested in another parallel
+ * region, a thread limit): the rows are split among the threads that run. */
+static int team(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+static void row_range(i64 rows, int t, int nt, i64 *lo, i64 *hi) {
+    i64 per = rows / nt, extra = rows % nt;
+    *lo = t * per + (t < extra ? t : extra);
+    *hi = *lo + per + (t < extra ? 1 : 0);
+}
+
+/* ---- a = ELU(x A + C): [c, M, dh] from x [c, M], A and C [c, dh] ---------------------------- */
+
+CLONES static void elu_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
+                            const float *C, float *a, int t, int nt) {
+    i64 lo, hi;
+    row_range(c * M, t, nt, &lo, &hi);
+    for (i64 r = lo; r < hi; r++) {
+        i64 j = r / M;
+        const float xv = x[r], *Aj = A + j * dh, *Cj = C + j * dh;
+        float *ar = a + r * dh;
+#pragma omp simd
+        for (i64 k = 0; k < dh; k++) {
+            float h1 = xv * Aj[k] + Cj[k];
+            ar[k] = h1 > 0.0f ? h1 : fast_exp(h1) - 1.0f;
+        }
+    }
+}
+
+void vsn_elu(i64 c, i64 M, i64 dh, const float *x, const float *A, const float *C, float *a,
+             int nthreads) {
+    int nt = threads(nthreads);
+#pragma omp parallel num_threads(nt)
+    elu_rows(c, M, dh, x, A, C, a, thread_id(), team());
+}
+
+/* ---- f = (f + bias) * keep * scale, with the dropout mask of variables j0.. ---------------- */
+
+CLONES static void bias_dropout_rows(i64 c, i64 M, i64 dh, i64 j0, uint64_t seed,
+                                     uint32_t threshold, float scale, const float *bias,
+                                     float *f, float *sums, int t, int nt) {
+    i64 lo, hi;
+    row_range(c * M, t, nt, &lo, &hi);
+    for (i64 r = lo; r < hi; r++) {
+        i64 j = r / M;
+        uint64_t start = (uint64_t)(j0 * M + r) * (uint64_t)dh;
+        uint32_t key = row_key(seed, start);
+        float *fr = f + r * dh;
+        const float *b = bias ? bias + j * dh : NULL;
+        if (b) {
+#pragma omp simd
+            for (i64 k = 0; k < dh; k++) fr[k] += b[k];
+        }
+        if (threshold) {
+#pragma omp simd
+            for (i64 k = 0; k < dh; k++) fr[k] *= kept(key, start, k, threshold) * scale;
+        }
+        if (sums) { /* backward: fc2's bias gradient is the masked gradient's sum */
+            float *acc = sums + j * dh;
+#pragma omp simd
+            for (i64 k = 0; k < dh; k++) acc[k] += fr[k];
+        }
+    }
+}
+
+/* f [c, M, dh] = (f + bias) * keep * scale in place (bias [c, dh] may be NULL; threshold 0:
+ * nothing dropped, scale ignored); with `sums` (per-thread partial sums [nthreads, c, dh],
+ * zeroed here) also the sums over the rows of the result. */
+void vsn_bias_dropout(i64 c, i64 M, i64 dh, i64 j0, uint64_t seed, uint32_t threshold,
+                      float scale, const float *bias, float *f, float *sums, int nthreads) {
+    int nt = threads(nthreads);
+    if (sums) memset(sums, 0, sizeof(float) * (size_t)(nt * c * dh));
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        bias_dropout_rows(c, M, dh, j0, seed, threshold, scale, bias, f,
+                          sums ? sums + t * c * dh : NULL, t, team());
+    }
+}
+
+/* ---- the gate, the skip, LayerNorm and the weighted sum ------------------------------------ */
+
+/* The inputs of one variable's rows: g [M, 2h] as the matmul left it, and what turns it into
+ * LayerNorm(GLU(scale g + bias) + R0 + u R1 + v R2) * gamma + beta. */
+typedef struct {
+    const float *g, *bias, *u, *v, *R0, *R1, *R2, *gamma, *beta;
+    float scale;
+} Gate;
+
+static Gate gate_of(i64 j, i64 M, i64 h, const float *g, const float *bias, float scale,
+                    const float *u, const float *v, const float *R0, const float *R1,
+                    const float *R2, const float *gamma, const float *beta) {
+    Gate q = {g ? g + j * M * 2 * h : NULL, bias + j * 2 * h, u + j * M, v ? v + j * M : NULL,
+              R0 + j * h, R1 + j * h, R2 ? R2 + j * h : NULL, gamma + j * h, beta + j * h,
+              scale};
+    return q;
+}
+
+/* Row m of a variable, its g row `gr`: z (scratch, h) = GLU(...) + skip, xhat (into z) and its
+ * 1/std; with `ga`, also the GLU's half a and sigmoid(b) for backward (scratch, h each). */
+static inline float normalized_row(const Gate *q, i64 h, i64 m, const float *gr, float *z,
+                                   float *ga, float *sg) {
+    const float u = q->u[m], v = q->v ? q->v[m] : 0.0f;
+    vf sum = {0};
+    for (i64 k = 0; k < h; k += VL) {
+        vf a = load(gr + k) * q->scale + load(q->bias + k);
+        vf s = vsigmoid(load(gr + h + k) * q->scale + load(q->bias + h + k));
+        vf zk = a * s + load(q->R0 + k) + u * load(q->R1 + k);
+        if (q->R2) zk += v * load(q->R2 + k);
+        store(z + k, zk);
+        if (ga) {
+            store(ga + k, a);
+            store(sg + k, s);
+        }
+        sum += zk;
+    }
+    const float mean = hsum(sum) / (float)h;
+    vf sq = {0};
+    for (i64 k = 0; k < h; k += VL) {
+        vf d = load(z + k) - mean;
+        sq += d * d;
+    }
+    const float rstd = 1.0f / sqrtf(hsum(sq) / (float)h + LN_EPS);
+    for (i64 k = 0; k < h; k += VL) store(z + k, (load(z + k) - mean) * rstd);
+    return rstd;
+}
+
+CLONES static void gate_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
+                             float scale, const float *s, const float *u, const float *v,
+                             const float *R0, const float *R1, const float *R2,
+                             const float *gamma, const float *beta, float *out, int t, int nt) {
+    float z[MAX_HIDDEN];
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 j = 0; j < c; j++) {
+        Gate q = gate_of(j, M, h, g, bias, scale, u, v, R0, R1, R2, gamma, beta);
+        for (i64 m = lo; m < hi; m++) {
+            normalized_row(&q, h, m, q.g + m * 2 * h, z, NULL, NULL);
+            const float w = s[j * M + m];
+            float *o = out + m * h;
+            for (i64 k = 0; k < h; k += VL)
+                store(o + k, load(o + k) + w * (load(z + k) * load(q.gamma + k) + load(q.beta + k)));
+        }
+    }
+}
+
+/* out [M, h] += sum_j s_j (LayerNorm_j(GLU(scale g_j + bias_j) + R0_j + u_j R1_j + v_j R2_j))
+ * over the c variables of a chunk: g [c, M, 2h]; bias [c, 2h]; s, u, v [c, M]; R0, R1, R2,
+ * gamma, beta [c, h]. v and R2 may be NULL (no resampled skip). */
+void vsn_gate_norm_sum(i64 c, i64 M, i64 h, const float *g, const float *bias, float scale,
+                       const float *s, const float *u, const float *v, const float *R0,
+                       const float *R1, const float *R2, const float *gamma, const float *beta,
+                       float *out, int nthreads) {
+    int nt = threads(nthreads);
+#pragma omp parallel num_threads(nt)
+    gate_rows(c, M, h, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta, out, thread_id(), team());
+}
+
+/* Where a row's gradients of the gate's parameters add up (per thread and variable, each h
+ * wide, bias 2h). */
+typedef struct {
+    float *gamma, *beta, *R0, *R1, *R2, *bias;
+} GateSums;
+
+/* The backward of row m of a variable (its g row `gr`, weight w = s_m): d_g (2h, the gradient
+ * of scale g + bias) and the row's d_s, d_u, d_v in *ds, *du, *dv, its parts of the parameters'
+ * gradients added to `acc`. Scratch: xh, ga, sg, dx, h each. */
+static inline void gate_row_backward(const Gate *q, i64 h, i64 m, const float *gr, float w,
+                                     const float *dy, GateSums acc, float *dg, float *ds_out,
+                                     float *du_out, float *dv_out, float *xh, float *ga,
+                                     float *sg, float *dx) {
+    const float rstd = normalized_row(q, h, m, gr, xh, ga, sg);
+    /* the weighted sum and the affine (d_s, d_gamma, d_beta); LayerNorm's input gradient from
+     * d_xhat = w d_out gamma */
+    vf ds = {0}, sum_dx = {0}, sum_dx_xh = {0};
+    for (i64 k = 0; k < h; k += VL) {
+        vf x = load(xh + k), d = load(dy + k), gm = load(q->gamma + k);
+        vf e = x * d;
+        store(acc.gamma + k, load(acc.gamma + k) + w * e);
+        store(acc.beta + k, load(acc.beta + k) + w * d);
+        ds += e * gm + d * load(q->beta + k);
+        vf dxk = w * d * gm;
+        store(dx + k, dxk);
+        sum_dx += dxk;
+        sum_dx_xh += dxk * x;
+    }
+    *ds_out = hsum(ds);
+    const float a1 = hsum(sum_dx) / (float)h, a2 = hsum(sum_dx_xh) / (float)h;
+    const float uu = q->u[m], vv = q->v ? q->v[m] : 0.0f;
+    vf du = {0}, dv = {0};
+    for (i64 k = 0; k < h; k += VL) {
+        vf dz = rstd * (load(dx + k) - a1 - load(xh + k) * a2); /* d(GLU + skip) */
+        store(acc.R0 + k, load(acc.R0 + k) + dz);
+        store(acc.R1 + k, load(acc.R1 + k) + uu * dz);
+        du += dz * load(q->R1 + k);
+        if (q->R2) {
+            store(acc.R2 + k, load(acc.R2 + k) + vv * dz);
+            dv += dz * load(q->R2 + k);
+        }
+        vf sk = load(sg + k);
+        vf da = dz * sk, db = dz * load(ga + k) * sk * (1.0f - sk);
+        store(dg + k, da);
+        store(dg + h + k, db);
+        store(acc.bias + k, load(acc.bias + k) + da);
+        store(acc.bias + h + k, load(acc.bias + h + k) + db);
+    }
+    *du_out = hsum(du);
+    *dv_out = hsum(dv);
+}
+
+/* Partial sums per thread and variable, in this order, each h wide except d_bias (2h). */
+enum { P_GAMMA, P_BETA, P_R0, P_R1, P_R2, P_BIAS, P_WIDTH = 7 };
+
+CLONES static void gate_backward_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
+                                      float scale, const float *s, const float *u,
+                                      const float *v, const float *R0, const float *R1,
+                                      const float *R2, const float *gamma, const float *beta,
+                                      const float *d_out, float *d_g, float *d_s, float *d_u,
+                                      float *d_v, float *part, int t, int nt) {
+    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 j = 0; j < c; j++) {
+        Gate q = gate_of(j, M, h, g, bias, scale, u, v, R0, R1, R2, gamma, beta);
+        float *p = part + j * P_WIDTH * h;
+        GateSums acc = {p + P_GAMMA * h, p + P_BETA * h, p + P_R0 * h,
+                        p + P_R1 * h,    p + P_R2 * h,   p + P_BIAS * h};
+        for (i64 m = lo; m < hi; m++) {
+            const i64 r = j * M + m;
+            float dv;
+            gate_row_backward(&q, h, m, q.g + m * 2 * h, s[r], d_out + m * h, acc,
+                              d_g + r * 2 * h, d_s + r, d_u + r, &dv, xh, ga, sg, dx);
+            if (d_v) d_v[r] = dv;
+        }
+    }
+}
+
+/* The backward of vsn_gate_norm_sum: d_g [c, M, 2h] (the gradient of scale g + bias); d_s,
+ * d_u, d_v [c, M]; and per-thread partial sums part [nthreads, c, 7h] (zeroed here) of
+ * d_gamma, d_beta, d_R0, d_R1, d_R2 and d_bias (2h), in that order. */
+void vsn_gate_norm_sum_backward(i64 c, i64 M, i64 h, const float *g, const float *bias,
+                                float scale, const float *s, const float *u, const float *v,
+                                const float *R0, const float *R1, const float *R2,
+                                const float *gamma, const float *beta, const float *d_out,
+                                float *d_g, float *d_s, float *d_u, float *d_v, float *part,
+                                int nthreads) {
+    int nt = threads(nthreads);
+    memset(part, 0, sizeof(float) * (size_t)(nt * c * P_WIDTH * h));
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        gate_backward_rows(c, M, h, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta, d_out,
+                           d_g, d_s, d_u, d_v, part + t * c * P_WIDTH * h, t, team());
+    }
+}
+
+/* ---- the whole forward of a variable's rows, for a small variable_dim ----------------------- */
+
+/* Row m of variable j from its scalar x: a = ELU(x A + C), f = (a W2 + b2) keep, g = f Wg (raw,
+ * as the matmul would leave it), each dh or 2h wide, in registers and the scratch given. */
+static inline void grn_row(i64 dh, i64 h2, float xv, const float *A, const float *C,
+                           const float *W2, const float *b2, const float *Wg, uint64_t seed,
+                           uint32_t threshold, uint64_t start, float *a, float *f, float *g) {
+    for (i64 k = 0; k < dh; k += VL) {
+        vf h1 = xv * load(A + k) + load(C + k);
+        store(a + k, blend(h1 > 0.0f, h1, vexp(h1) - 1.0f));
+    }
+    for (i64 k = 0; k < dh; k += VL) { /* four sums: one would wait on each FMA */
+        vf acc[4] = {load(b2 + k)};
+        for (i64 i = 0; i < dh; i += 4)
+            for (int u = 0; u < 4; u++) acc[u] += a[i + u] * load(W2 + (i + u) * dh + k);
+        store(f + k, (acc[0] + acc[1]) + (acc[2] + acc[3]));
+    }
+    if (threshold) {
+        uint32_t key = row_key(seed, start);
+#pragma omp simd
+        for (i64 k = 0; k < dh; k++) f[k] *= kept(key, start, k, threshold);
+    }
+    for (i64 o = 0; o < h2; o += 2 * VL) { /* h2 = 2h, a multiple of 32 */
+        vf acc[4] = {{0}};
+        for (i64 i = 0; i < dh; i += 2)
+            for (int u = 0; u < 2; u++) {
+                acc[2 * u] += f[i + u] * load(Wg + (i + u) * h2 + o);
+                acc[2 * u + 1] += f[i + u] * load(Wg + (i + u) * h2 + o + VL);
+            }
+        store(g + o, acc[0] + acc[2]);
+        store(g + o + VL, acc[1] + acc[3]);
+    }
+}
+
+CLONES static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
+                                const float *C, const float *W2, const float *b2,
+                                const float *Wg, uint64_t seed, uint32_t threshold,
+                                const Gate *q0, const float *s, float *out, float *f_out,
+                                float *g_out, int t, int nt) {
+    float a[MAX_HIDDEN], f[MAX_HIDDEN], z[MAX_HIDDEN];
+    float g_row[2 * MAX_HIDDEN];
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 j = 0; j < n; j++) {
+        Gate q = gate_of(j, M, h, NULL, q0->bias, q0->scale, q0->u, q0->v, q0->R0, q0->R1,
+                         q0->R2, q0->gamma, q0->beta);
+        const float *Aj = A + j * dh, *Cj = C + j * dh, *W2j = W2 + j * dh * dh;
+        const float *b2j = b2 + j * dh, *Wgj = Wg + j * dh * 2 * h;
+        for (i64 m = lo; m < hi; m++) {
+            const i64 r = j * M + m;
+            float *fr = f_out ? f_out + r * dh : f;
+            float *gr = g_out ? g_out + r * 2 * h : g_row;
+            grn_row(dh, 2 * h, x[r], Aj, Cj, W2j, b2j, Wgj, seed, threshold,
+                    (uint64_t)r * (uint64_t)dh, a, fr, gr);
+            normalized_row(&q, h, m, gr, z, NULL, NULL);
+            const float w = s[r];
+            float *o = out + m * h;
+            for (i64 k = 0; k < h; k += VL)
+                store(o + k, load(o + k) + w * (load(z + k) * load(q.gamma + k) + load(q.beta + k)));
+        }
+    }
+}
+
+/* The whole forward of the n variables at once, for variable_dim % 16 == 0 (and small: the
+ * matmuls run here row by row, where MKL's would write g first): out [M, h] +=
+ * sum_j s_j LayerNorm_j(GLU(scale g_j + bg_j) + skip_j) with f_j = (ELU(x_j A_j + C_j) W2_j
+ * + b2_j) keep_j and g_j = f_j Wg_j; f_out [n, M, dh] and g_out [n, M, 2h] receive f and g
+ * when given (training keeps them for backward). */
+void vsn_forward(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, const float *C,
+                 const float *W2, const float *b2, const float *Wg, const float *bg,
+                 uint64_t seed, uint32_t threshold, float scale, const float *s, const float *u,
+                 const float *v, const float *R0, const float *R1, const float *R2,
+                 const float *gamma, const float *beta, float *out, float *f_out, float *g_out,
+                 int nthreads) {
+    int nt = threads(nthreads);
+    Gate q0 = {NULL, bg, u, v, R0, R1, R2, gamma, beta, scale};
+#pragma omp parallel num_threads(nt)
+    forward_rows(n, M, dh, h, x, A, C, W2, b2, Wg, seed, threshold, &q0, s, out, f_out, g_out,
+                 thread_id(), team());
+}
+
+/* ---- ELU's backward and the folded fc1 ------------------------------------------------------ */
+
+CLONES static void elu_backward_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
+                                     const float *a, const float *d_a, float *d_x,
+                                     float *part, int t, int nt) {
+    i64 lo, hi;
+    row_range(c * M, t, nt, &lo, &hi);
+    for (i64 r = lo; r < hi; r++) {
+        i64 j = r / M;
+        const float xv = x[r], *Aj = A + j * dh, *ar = a + r * dh, *dr = d_a + r * dh;
+        float *dA = part + j * 2 * dh, *dC = dA + dh;
+        float dx = 0.0f;
+#pragma omp simd reduction(+ : dx)
+        for (i64 k = 0; k < dh; k++) {
+            /* ELU'(h1) = 1 where h1 > 0 (there a = h1 > 0), else exp(h1) = a + 1 */
+            float d = dr[k] * (ar[k] > 0.0f ? 1.0f : ar[k] + 1.0f);
+            dA[k] += xv * d;
+            dC[k] += d;
+            dx += d * Aj[k];
+        }
+        if (d_x) d_x[r] = dx;
+    }
+}
+
+/* From d_a [c, M, dh], the gradient of a = ELU(x A + C): d_x [c, M] (may be NULL) and
+ * per-thread partial sums part [nthreads, c, 2 dh] (zeroed here) of d_A and d_C. */
+void vsn_elu_backward(i64 c, i64 M, i64 dh, const float *x, const float *A, const float *a,
+                      const float *d_a, float *d_x, float *part, int nthreads) {
+    int nt = threads(nthreads);
+    memset(part, 0, sizeof(float) * (size_t)(nt * c * 2 * dh));
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        elu_backward_rows(c, M, dh, x, A, a, d_a, d_x, part + t * c * 2 * dh, t, team());
+    }
+}
+
+/* ---- the module that setuptools builds around it ----------------------------------------- */
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_vsn_kernels", "C kernels called through ctypes", -1, NULL,
+    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__vsn_kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,255 @@
+"""The fused variable selection's elementwise chains on a CPU, one pass each (`_vsn_kernels.c`).
+
+Each function takes float32 tensors, allocates what it returns with torch (so that the memory
+estimator, which runs the same code under FakeTensorMode, sees every buffer) and fills it in C
+through ctypes; under FakeTensorMode only the allocations happen. The C library is built by
+`pip install` (setup.py) where a C compiler is found; without it, `available()` is False and
+`foxhunt.models.fused_vsn` runs its PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from functools import cache
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from foxhunt.models.dropout import LEVELS
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_F = ctypes.c_float
+_T = ctypes.c_int  # threads
+_SIGNATURES = {
+    "vsn_elu": [_I, _I, _I, _P, _P, _P, _P, _T],
+    "vsn_bias_dropout": [_I, _I, _I, _I, ctypes.c_uint64, ctypes.c_uint32, _F, _P, _P, _P, _T],
+    "vsn_gate_norm_sum": [_I, _I, _I, _P, _P, _F, *[_P] * 9, _T],
+    "vsn_gate_norm_sum_backward": [_I, _I, _I, _P, _P, _F, *[_P] * 14, _T],
+    "vsn_elu_backward": [_I, _I, _I, *[_P] * 6, _T],
+    "vsn_forward": [
+        _I,
+        _I,
+        _I,
+        _I,
+        *[_P] * 7,
+        ctypes.c_uint64,
+        ctypes.c_uint32,
+        _F,
+        *[_P] * 11,
+        _T,
+    ],
+}
+MAX_HIDDEN = 4096  # the C code keeps a row of the hidden size on the stack
+LANES = 16  # and works on it 16 floats at a time
+# the partial sums of vsn_gate_norm_sum_backward, each `hidden` wide per variable (bias: 2)
+GATE_PARTS = ("gamma", "beta", "R0", "R1", "R2", "bias")
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The built C library, or None where `pip install` could not build it."""
+    spec = importlib.util.find_spec("foxhunt.models._vsn_kernels")
+    if spec is None or spec.origin is None:
+        return None
+    lib = ctypes.CDLL(spec.origin)  # loaded after torch: OpenMP is the runtime torch loaded
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    return lib
+
+
+def available(x: Tensor, hidden: int) -> bool:
+    """Whether the fused selection of `x` runs here: float32 on a CPU, eager (not under
+    torch.compile or torch.export), a hidden size that is a multiple of 16, with the library
+    built."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and hidden <= MAX_HIDDEN
+        and hidden % LANES == 0
+        and not torch.compiler.is_compiling()
+        and library() is not None
+    )
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    if t is None:
+        return None
+    if not t.is_contiguous() or t.dtype != torch.float32:  # C reads it as dense float32
+        raise TypeError(f"C kernel input {tuple(t.shape)} {t.dtype} is not contiguous float32")
+    return t.data_ptr()
+
+
+def _real(*tensors: Tensor) -> bool:
+    """False under FakeTensorMode: the allocations are traced, nothing is computed."""
+    return not any(isinstance(t, FakeTensor) for t in tensors)
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def elu(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
+    """ELU(x A + C) per variable: x [c, M], A and C [c, dh] -> [c, M, dh]."""
+    c, M = x.shape
+    dh = A.shape[-1]
+    a = x.new_empty(c, M, dh)
+    if _real(x):
+        library().vsn_elu(c, M, dh, _ptr(x), _ptr(A), _ptr(C), _ptr(a), _threads())
+    return a
+
+
+def threshold(p: float) -> int:
+    """The 16-bit threshold of dropout rate p, as `foxhunt.models.dropout` rounds it."""
+    return round(p * LEVELS)
+
+
+def bias_dropout(
+    f: Tensor,
+    bias: Tensor | None,
+    first: int,
+    seed: int,
+    p: float,
+    scale: float = 1.0,
+    column_sums: bool = False,
+) -> Tensor | None:
+    """f [c, M, dh] = (f + bias) * keep * scale in place, the dropout mask of variables
+    first..first+c-1 drawn from `seed` (the same elements in forward and backward; p = 0: none
+    dropped). With `column_sums`, also returns the result's sums over the rows [c, dh]."""
+    c, M, dh = f.shape
+    sums = f.new_empty(_threads(), c, dh) if column_sums else None
+    if _real(f):
+        library().vsn_bias_dropout(
+            c, M, dh, first, seed, threshold(p), scale, _ptr(bias), _ptr(f), _ptr(sums), _threads()
+        )
+    return None if sums is None else sums.sum(0)
+
+
+def gate_norm_sum(
+    g: Tensor,
+    bias: Tensor,
+    scale: float,
+    s: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    out: Tensor,
+) -> None:
+    """out [M, h] += sum_j s_j LayerNorm_j(GLU(scale g_j + bias_j) + R0_j + u_j R1_j + v_j R2_j),
+    with LayerNorm_j's affine gamma_j, beta_j: g [c, M, 2h], bias [c, 2h]."""
+    c, M, h2 = g.shape
+    if _real(g):
+        library().vsn_gate_norm_sum(
+            c,
+            M,
+            h2 // 2,
+            _ptr(g),
+            _ptr(bias),
+            scale,
+            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out)),
+            _threads(),
+        )
+
+
+def gate_norm_sum_backward(
+    g: Tensor,
+    bias: Tensor,
+    scale: float,
+    s: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    d_out: Tensor,
+    d_s: Tensor,
+    d_u: Tensor,
+    d_v: Tensor | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The backward of `gate_norm_sum`: d_g [c, M, 2h] (the gradient of scale g + bias), d_s,
+    d_u and d_v filled in [c, M], and the parameters' gradients summed over the rows
+    (GATE_PARTS, each [c, h]; bias [c, 2h])."""
+    c, M, h2 = g.shape
+    h = h2 // 2
+    d_g = torch.empty_like(g)
+    parts = g.new_empty(_threads(), c, (len(GATE_PARTS) + 1) * h)
+    if _real(g):
+        library().vsn_gate_norm_sum_backward(
+            c,
+            M,
+            h,
+            _ptr(g),
+            _ptr(bias),
+            scale,
+            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, d_out, d_g, d_s, d_u, d_v, parts)),
+            _threads(),
+        )
+    sums = parts.sum(0).split([h] * (len(GATE_PARTS) - 1) + [2 * h], dim=-1)
+    return d_g, dict(zip(GATE_PARTS, sums, strict=True))
+
+
+def elu_backward(
+    x: Tensor, A: Tensor, a: Tensor, d_a: Tensor, d_x: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """From d_a [c, M, dh], the gradient of a = ELU(x A + C): d_x [c, M] filled in (if given)
+    and (d_A, d_C), each [c, dh]."""
+    c, M, dh = a.shape
+    parts = a.new_empty(_threads(), c, 2 * dh)
+    if _real(a):
+        library().vsn_elu_backward(c, M, dh, *map(_ptr, (x, A, a, d_a, d_x, parts)), _threads())
+    d_A, d_C = parts.sum(0).split(dh, dim=-1)
+    return d_A, d_C
+
+
+def forward(
+    x: Tensor,
+    A: Tensor,
+    C: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    Wg: Tensor,
+    bg: Tensor,
+    seed: int,
+    p: float,
+    scale: float,
+    s: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    f_out: Tensor | None = None,
+    g_out: Tensor | None = None,
+) -> Tensor:
+    """The whole fused selection's forward in one pass, its matmuls row by row (for a small
+    variable_dim, where MKL's batched matmuls would write g first): sum_j s_j GRN_j(x_j) [M, h].
+    f_out [n, M, dh] and g_out [n, M, 2h], when given, receive fc2's output (bias and mask
+    applied) and the GLU's matmul (before its bias and the dropout scale), as backward needs."""
+    n, M = x.shape
+    dh, h = A.shape[-1], gamma.shape[-1]
+    out = x.new_zeros(M, h)
+    if _real(x):
+        library().vsn_forward(
+            n,
+            M,
+            dh,
+            h,
+            *map(_ptr, (x, A, C, W2, b2, Wg, bg)),
+            seed,
+            threshold(p),
+            scale,
+            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out, f_out, g_out)),
+            _threads(),
+        )
+    return out

@@ -1,0 +1,153 @@
+"""The fused selection's C kernels (float32 on a CPU) against autograd in float64."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import pytest
+import torch
+
+from foxhunt.models import cpu_kernels, fused_vsn
+from foxhunt.models.dropout import keep_scale
+from foxhunt.models.fused_vsn import selected_grns
+from tests.models.test_fused_vsn import autograd_selected_grns, flat, fused_inputs
+
+needs_kernels = pytest.mark.skipif(
+    cpu_kernels.library() is None, reason="the C kernels are not built here"
+)
+
+# float32 against float64, each error relative to the largest magnitude of the expected tensor:
+# seen up to 1.1e-5 in the gradients (sums over 37 rows of products through K = 48 matmuls)
+FORWARD_TOL, BACKWARD_TOL = 1e-5, 5e-5
+# n, variable_dim, hidden, rows: a variable_dim the forward does row by row (16) and one it
+# does around MKL's matmuls (48), both with a hidden of 32 (the kernels take multiples of 16)
+SHAPES = {"row": (5, 16, 32, 37), "chunks": (5, 48, 32, 37)}
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def float32(args):
+    def cast(t):
+        return t.detach().float().requires_grad_()
+
+    return [
+        None if a is None else tuple(map(cast, a)) if isinstance(a, tuple) else cast(a)
+        for a in args
+    ]
+
+
+def kernel_mask(n: int, rows: int, dh: int, seed: int, p: float) -> torch.Tensor:
+    """The kernels' dropout mask [n, rows, dh] as 0/1, from the seed the fused path drew."""
+    keep = torch.ones(n, rows, dh)
+    cpu_kernels.bias_dropout(keep, None, 0, seed, p)
+    return keep
+
+
+def assert_close(got, want, tol):
+    for a, b in zip(got, want, strict=True):
+        error = (a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12)
+        assert error < tol, (tuple(b.shape), float(error))
+
+
+def test_the_kernels_are_built_where_setup_builds_them():
+    """setup.py builds them on Linux and pip goes on without them when the build fails
+    (optional): this is what notices a failed build in CI."""
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
+        assert cpu_kernels.library() is not None
+
+
+@needs_kernels
+@pytest.mark.parametrize("path", SHAPES)
+@pytest.mark.parametrize("skip_norm", [True, False])
+@pytest.mark.parametrize("chunk_elements", [1, 10**9])  # one variable per chunk, or all
+def test_kernels_match_autograd(monkeypatch, path, skip_norm, chunk_elements):
+    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", chunk_elements)
+    n, dh, h, rows = SHAPES[path]
+    assert fused_vsn.row_matmuls(dh) == (path == "row")
+    args = fused_inputs(n=n, dh=dh, h=h, rows=rows, skip_norm=skip_norm)
+    args32 = float32(args)
+    assert cpu_kernels.available(args32[0], h)
+    out = selected_grns(*args32, dropout=0.0)
+    expected = autograd_selected_grns(*args)
+    assert_close([out], [expected], FORWARD_TOL)
+    with torch.no_grad():  # inference: no autograd Function, fc2's bias folded into the gate
+        assert_close([selected_grns(*args32, dropout=0.0)], [expected], FORWARD_TOL)
+    d_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).double()
+    got = torch.autograd.grad(out, flat(args32), d_out.float())
+    want = torch.autograd.grad(expected, flat(args), d_out)
+    assert_close(got, want, BACKWARD_TOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("path", SHAPES)
+@pytest.mark.parametrize("recompute", [False, True])
+def test_dropout_uses_one_mask_forward_and_backward(monkeypatch, path, recompute):
+    """The mask is drawn from a seed in forward and drawn again in backward (and in recompute
+    mode again for f and g): the gradients are those of the forward's mask."""
+    monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", 2 * 37 * 64)  # chunks of two variables
+    n, dh, h, rows = SHAPES[path]
+    p = 0.3
+    args = fused_inputs(n=n, dh=dh, h=h, rows=rows)
+    args32 = float32(args)
+    torch.manual_seed(3)
+    out = selected_grns(*args32, dropout=p, recompute=recompute)
+    torch.manual_seed(3)
+    seed = fused_vsn._seed(args32[0])
+    keep = kernel_mask(n, rows, dh, seed, p).transpose(0, 1).double()
+    rate = 1 - 1 / keep_scale(p, args32[0])  # p rounded to 1/65536, as the kernels drop
+    expected = autograd_selected_grns(*args, keep=keep, p=rate)
+    assert_close([out], [expected], FORWARD_TOL)
+    got = torch.autograd.grad(out.sum(), flat(args32))
+    want = torch.autograd.grad(expected.sum(), flat(args))
+    assert_close(got, want, BACKWARD_TOL)
+
+
+@needs_kernels
+def test_masks_keep_the_rate_and_differ_by_variable_and_seed():
+    p, n, rows, dh = 0.1, 4, 4096, 16
+    keep = kernel_mask(n, rows, dh, seed=12345, p=p)
+    assert keep.mean().item() == pytest.approx(1 - p, abs=0.003)
+    for j in range(n):  # every variable at the rate, each its own draw
+        assert keep[j].mean().item() == pytest.approx(1 - p, abs=0.01)
+        assert not torch.equal(keep[j], keep[(j + 1) % n])
+    assert not torch.equal(keep, kernel_mask(n, rows, dh, seed=12346, p=p))
+    # the mask of variables 2.. is the same when drawn as a chunk that starts there
+    tail = torch.ones(n - 2, rows, dh)
+    cpu_kernels.bias_dropout(tail, None, 2, 12345, p)
+    assert torch.equal(tail, keep[2:])
+
+
+@needs_kernels
+def test_outputs_do_not_depend_on_threads_or_chunks(monkeypatch):
+    """Rows are split among threads, variables among chunks: a row's output is computed the
+    same way whichever split, so it is bit-equal; the parameters' gradients sum the rows per
+    thread, equal to rounding."""
+    n, dh, h, rows = SHAPES["chunks"]
+    args = float32(fused_inputs(n=n, dh=dh, h=h, rows=rows))
+    results = []
+    for threads, chunk_elements in ((1, 10**9), (2, 10**9), (2, 1)):
+        torch.set_num_threads(threads)
+        monkeypatch.setattr(fused_vsn, "CHUNK_ELEMENTS", chunk_elements)
+        torch.manual_seed(5)
+        out = selected_grns(*args, dropout=0.2)
+        results.append((out, torch.autograd.grad(out.sum(), flat(args))))
+    (out, grads), *others = results
+    for other_out, other_grads in others:
+        assert torch.equal(out, other_out)
+        for a, b in zip(grads, other_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
+def test_hidden_sizes_the_kernels_do_not_take_run_in_pytorch():
+    x = torch.zeros(3, 4)
+    assert cpu_kernels.available(x, 32)
+    assert not cpu_kernels.available(x, 24)  # not a multiple of 16
+    assert not cpu_kernels.available(x.double(), 32)
+    assert not cpu_kernels.available(x, cpu_kernels.MAX_HIDDEN + 16)
