@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from foxhunt.models import cpu_kernels, fused_vsn
+from foxhunt.models.blocks import GateAddNorm
 from foxhunt.models.dropout import keep_scale
 from foxhunt.models.fused_vsn import selected_grns
 from tests.models.test_fused_vsn import autograd_selected_grns, flat, fused_inputs
@@ -98,7 +99,7 @@ def test_dropout_uses_one_mask_forward_and_backward(monkeypatch, path, recompute
     torch.manual_seed(3)
     out = selected_grns(*args32, dropout=p, recompute=recompute)
     torch.manual_seed(3)
-    seed = fused_vsn._seed(args32[0])
+    seed = cpu_kernels.draw_seed(args32[0])
     keep = kernel_mask(n, rows, dh, seed, p).transpose(0, 1).double()
     rate = 1 - 1 / keep_scale(p, args32[0])  # p rounded to 1/65536, as the kernels drop
     expected = autograd_selected_grns(*args, keep=keep, p=rate)
@@ -151,3 +152,34 @@ def test_hidden_sizes_the_kernels_do_not_take_run_in_pytorch():
     assert not cpu_kernels.available(x, 24)  # not a multiple of 16
     assert not cpu_kernels.available(x.double(), 32)
     assert not cpu_kernels.available(x, cpu_kernels.MAX_HIDDEN + 16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(7, 32), (3, 5, 16)])
+def test_gate_add_norm_matches_pytorch(monkeypatch, shape):
+    """GateAddNorm's one-pass kernel (the TFT's gates outside the selection) against its
+    PyTorch ops, forward and backward, dropout off."""
+    torch.manual_seed(0)
+    *lead, h = shape
+    gate = GateAddNorm(24, h, dropout=None)
+    for p in gate.parameters():  # move off the init values so every term matters
+        p.data += 0.1 * torch.randn_like(p)
+    x = torch.randn(*lead, 24, requires_grad=True)
+    skip = torch.randn(*lead, h, requires_grad=True)
+    leaves = [x, skip, *gate.parameters()]
+    d_out = torch.randn(*lead, h)
+
+    def run():
+        out = gate(x, skip)
+        return out, torch.autograd.grad(out, leaves, d_out)
+
+    calls = []
+    kernel = cpu_kernels.gate_add_norm
+    monkeypatch.setattr(cpu_kernels, "gate_add_norm", lambda *a: calls.append(1) or kernel(*a))
+    fused = run()
+    assert calls  # the kernel ran
+    monkeypatch.setattr(cpu_kernels, "available", lambda *a: False)
+    plain = run()
+    torch.testing.assert_close(fused[0], plain[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused[1], plain[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,6 @@
 """foxhunt's dropout: its CPU masks keep each element with probability 1 - p, in every one of
-the four 16-bit lanes an int64 draw gives, and the module is nn.Dropout in all else."""
+the four 16-bit lanes an int64 draw gives (or hashed in C), and the module is nn.Dropout in all
+else."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from foxhunt.models import dropout
+from foxhunt.models import cpu_kernels, dropout
 from foxhunt.models.dropout import Dropout, keep_mask, keep_scale
 
 
@@ -24,11 +25,17 @@ def test_each_lane_keeps_at_the_rate_its_scale_undoes(p):
         assert abs(lane.mean().item() - kept) < 5 * sd
 
 
-def test_the_module_is_nn_dropout_in_evaluation_and_unbiased_in_training():
+@pytest.mark.parametrize("hashed", [True, False])  # the C kernels' masks, or torch's draws
+def test_the_module_is_nn_dropout_in_evaluation_and_unbiased_in_training(monkeypatch, hashed):
+    if hashed and cpu_kernels.library() is None:
+        pytest.skip("the C kernels are not built here")
+    if not hashed:
+        monkeypatch.setattr(cpu_kernels, "available", lambda *a: False)
     torch.manual_seed(1)
     d = Dropout(0.3)
     x = torch.randn(64, 72, 64, requires_grad=True)
     assert torch.equal(d.eval()(x), x)
+    torch.manual_seed(5)
     y = d.train()(x)
     zeros = y == 0
     assert zeros.float().mean().item() == pytest.approx(0.3, abs=0.01)
@@ -36,6 +43,8 @@ def test_the_module_is_nn_dropout_in_evaluation_and_unbiased_in_training():
     (grad,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(grad, (~zeros).float() * keep_scale(0.3, x))
     assert isinstance(d, nn.Dropout) and d.state_dict() == {}
+    torch.manual_seed(5)  # the same seed, the same mask
+    assert torch.equal(d(x), y)
 
 
 def test_the_same_seed_draws_the_same_masks():

@@ -1,15 +1,17 @@
-/* The elementwise chains of foxhunt's fused variable selection (foxhunt/models/fused_vsn.py)
- * on a CPU, each in one pass over memory.
+/* The TFT's elementwise chains on a CPU, each in one pass over memory: the fused variable
+ * selection's (foxhunt/models/fused_vsn.py), GateAddNorm's and dropout's (blocks.py,
+ * dropout.py), forward and backward.
  *
  * Why hand-written: in PyTorch every step of these chains (ELU, the dropout mask, the biases,
  * GLU, the skip, LayerNorm, its affine, the weighted sum, and their backwards) is its own pass
  * over a [variables, rows, hidden] tensor, about ten per direction; they took two thirds of the
  * fused selection's time at bench config S, and inductor's C++ code for them was slower than
- * the eager passes (docs/performance.md). The matmuls between the chains stay with PyTorch
- * (MKL, oneDNN). Python calls these through ctypes (foxhunt/models/cpu_kernels.py) with
- * pointers to float32 tensors it allocated, so this file allocates nothing and the memory
- * estimator, which traces the Python side, sees every buffer. A CPython module only in name:
- * its PyInit exists so that setuptools can build it as an extension.
+ * the eager passes (docs/performance.md). The large matmuls stay with PyTorch (MKL, oneDNN);
+ * with a small variable_dim the selection's forward does its own, row by row. Python calls
+ * these through ctypes (foxhunt/models/cpu_kernels.py) with pointers to float32 tensors it
+ * allocated, so this file allocates nothing and the memory estimator, which traces the Python
+ * side, sees every buffer. A CPython module only in name: its PyInit exists so that setuptools
+ * can build it as an extension.
  *
  * Threads: OpenMP over rows, on the runtime PyTorch loaded (its libgomp has the same soname),
  * with the thread count the caller passes. Reductions over rows go to one partial buffer per
@@ -237,6 +239,7 @@ void vsn_bias_dropout(i64 c, i64 M, i64 dh, i64 j0, uint64_t seed, uint32_t thre
 typedef struct {
     const float *g, *bias, *u, *v, *R0, *R1, *R2, *gamma, *beta;
     float scale;
+    const float *skip; /* instead of R0 + u R1 + v R2: a skip of its own per row, [M, h] */
 } Gate;
 
 static Gate gate_of(i64 j, i64 M, i64 h, const float *g, const float *bias, float scale,
@@ -244,7 +247,7 @@ static Gate gate_of(i64 j, i64 M, i64 h, const float *g, const float *bias, floa
                     const float *R2, const float *gamma, const float *beta) {
     Gate q = {g ? g + j * M * 2 * h : NULL, bias + j * 2 * h, u + j * M, v ? v + j * M : NULL,
               R0 + j * h, R1 + j * h, R2 ? R2 + j * h : NULL, gamma + j * h, beta + j * h,
-              scale};
+              scale, NULL};
     return q;
 }
 
@@ -252,13 +255,19 @@ static Gate gate_of(i64 j, i64 M, i64 h, const float *g, const float *bias, floa
  * 1/std; with `ga`, also the GLU's half a and sigmoid(b) for backward (scratch, h each). */
 static inline float normalized_row(const Gate *q, i64 h, i64 m, const float *gr, float *z,
                                    float *ga, float *sg) {
-    const float u = q->u[m], v = q->v ? q->v[m] : 0.0f;
+    const float u = q->u ? q->u[m] : 0.0f, v = q->v ? q->v[m] : 0.0f;
+    const float *skip = q->skip ? q->skip + m * h : NULL;
     vf sum = {0};
     for (i64 k = 0; k < h; k += VL) {
         vf a = load(gr + k) * q->scale + load(q->bias + k);
         vf s = vsigmoid(load(gr + h + k) * q->scale + load(q->bias + h + k));
-        vf zk = a * s + load(q->R0 + k) + u * load(q->R1 + k);
-        if (q->R2) zk += v * load(q->R2 + k);
+        vf zk = a * s;
+        if (skip) {
+            zk += load(skip + k);
+        } else {
+            zk += load(q->R0 + k) + u * load(q->R1 + k);
+            if (q->R2) zk += v * load(q->R2 + k);
+        }
         store(z + k, zk);
         if (ga) {
             store(ga + k, a);
@@ -315,12 +324,13 @@ typedef struct {
 } GateSums;
 
 /* The backward of row m of a variable (its g row `gr`, weight w = s_m): d_g (2h, the gradient
- * of scale g + bias) and the row's d_s, d_u, d_v in *ds, *du, *dv, its parts of the parameters'
- * gradients added to `acc`. Scratch: xh, ga, sg, dx, h each. */
+ * of scale g + bias) and the row's d_s, d_u, d_v in *ds, *du, *dv (with q->skip: the skip's
+ * gradient in d_skip, h), its parts of the parameters' gradients added to `acc`. Scratch: xh,
+ * ga, sg, dx, h each. */
 static inline void gate_row_backward(const Gate *q, i64 h, i64 m, const float *gr, float w,
                                      const float *dy, GateSums acc, float *dg, float *ds_out,
-                                     float *du_out, float *dv_out, float *xh, float *ga,
-                                     float *sg, float *dx) {
+                                     float *du_out, float *dv_out, float *d_skip, float *xh,
+                                     float *ga, float *sg, float *dx) {
     const float rstd = normalized_row(q, h, m, gr, xh, ga, sg);
     /* the weighted sum and the affine (d_s, d_gamma, d_beta); LayerNorm's input gradient from
      * d_xhat = w d_out gamma */
@@ -338,16 +348,20 @@ static inline void gate_row_backward(const Gate *q, i64 h, i64 m, const float *g
     }
     *ds_out = hsum(ds);
     const float a1 = hsum(sum_dx) / (float)h, a2 = hsum(sum_dx_xh) / (float)h;
-    const float uu = q->u[m], vv = q->v ? q->v[m] : 0.0f;
+    const float uu = q->u ? q->u[m] : 0.0f, vv = q->v ? q->v[m] : 0.0f;
     vf du = {0}, dv = {0};
     for (i64 k = 0; k < h; k += VL) {
         vf dz = rstd * (load(dx + k) - a1 - load(xh + k) * a2); /* d(GLU + skip) */
-        store(acc.R0 + k, load(acc.R0 + k) + dz);
-        store(acc.R1 + k, load(acc.R1 + k) + uu * dz);
-        du += dz * load(q->R1 + k);
-        if (q->R2) {
-            store(acc.R2 + k, load(acc.R2 + k) + vv * dz);
-            dv += dz * load(q->R2 + k);
+        if (d_skip) {
+            store(d_skip + k, dz);
+        } else {
+            store(acc.R0 + k, load(acc.R0 + k) + dz);
+            store(acc.R1 + k, load(acc.R1 + k) + uu * dz);
+            du += dz * load(q->R1 + k);
+            if (q->R2) {
+                store(acc.R2 + k, load(acc.R2 + k) + vv * dz);
+                dv += dz * load(q->R2 + k);
+            }
         }
         vf sk = load(sg + k);
         vf da = dz * sk, db = dz * load(ga + k) * sk * (1.0f - sk);
@@ -381,7 +395,7 @@ CLONES static void gate_backward_rows(i64 c, i64 M, i64 h, const float *g, const
             const i64 r = j * M + m;
             float dv;
             gate_row_backward(&q, h, m, q.g + m * 2 * h, s[r], d_out + m * h, acc,
-                              d_g + r * 2 * h, d_s + r, d_u + r, &dv, xh, ga, sg, dx);
+                              d_g + r * 2 * h, d_s + r, d_u + r, &dv, NULL, xh, ga, sg, dx);
             if (d_v) d_v[r] = dv;
         }
     }
@@ -481,10 +495,220 @@ void vsn_forward(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, co
                  const float *gamma, const float *beta, float *out, float *f_out, float *g_out,
                  int nthreads) {
     int nt = threads(nthreads);
-    Gate q0 = {NULL, bg, u, v, R0, R1, R2, gamma, beta, scale};
+    Gate q0 = {NULL, bg, u, v, R0, R1, R2, gamma, beta, scale, NULL};
 #pragma omp parallel num_threads(nt)
     forward_rows(n, M, dh, h, x, A, C, W2, b2, Wg, seed, threshold, &q0, s, out, f_out, g_out,
                  thread_id(), team());
+}
+
+CLONES static void grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x,
+                            const float *A, const float *C, const float *W2, const float *b2,
+                            const float *Wg, uint64_t seed, uint32_t threshold, float *f_out,
+                            float *g_out, int t, int nt) {
+    float a[MAX_HIDDEN];
+    i64 lo, hi;
+    row_range(c * M, t, nt, &lo, &hi);
+    for (i64 r = lo; r < hi; r++) {
+        const i64 j = r / M;
+        grn_row(dh, 2 * h, x[r], A + j * dh, C + j * dh, W2 + j * dh * dh, b2 + j * dh,
+                Wg + j * dh * 2 * h, seed, threshold, (uint64_t)(j0 * M + r) * (uint64_t)dh, a,
+                f_out + r * dh, g_out + r * 2 * h);
+    }
+}
+
+/* f [c, M, dh] and g [c, M, 2h] of vsn_forward again, for variables j0..j0+c-1 (the chunk's
+ * x, A, C, W2, b2, Wg): backward's recompute mode, computed as the forward computed them. */
+void vsn_grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x, const float *A,
+                  const float *C, const float *W2, const float *b2, const float *Wg,
+                  uint64_t seed, uint32_t threshold, float *f_out, float *g_out, int nthreads) {
+    int nt = threads(nthreads);
+#pragma omp parallel num_threads(nt)
+    grn_rows(c, M, dh, h, j0, x, A, C, W2, b2, Wg, seed, threshold, f_out, g_out, thread_id(),
+             team());
+}
+
+/* ---- the backward, for a small variable_dim ---------------------------------------------- */
+
+/* out (dh wide) = sum_o d[o] WT[o, :] for WT [n_o, dh]: a row times a transposed weight, in
+ * four sums (one would wait on each FMA). */
+static inline void times_transposed(i64 n_o, i64 dh, const float *d, const float *WT,
+                                    float *out) {
+    for (i64 k = 0; k < dh; k += VL) {
+        vf acc[4] = {{0}};
+        for (i64 o = 0; o < n_o; o += 4)
+            for (int u = 0; u < 4; u++) acc[u] += d[o + u] * load(WT + (o + u) * dh + k);
+        store(out + k, (acc[0] + acc[1]) + (acc[2] + acc[3]));
+    }
+}
+
+/* Partial sums per thread and variable of vsn_backward_rows, in this order: those of
+ * vsn_gate_norm_sum_backward (P_WIDTH h), then d_b2, d_A, d_C (dh each). */
+enum { R_B2, R_A, R_C, R_WIDTH = 3 };
+
+CLONES static void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
+                                 float scale, const float *s, const float *u, const float *v,
+                                 const float *R0, const float *R1, const float *R2,
+                                 const float *gamma, const float *beta, const float *d_out,
+                                 const float *x, const float *A, const float *C,
+                                 const float *W2T, const float *WgT, i64 j0, uint64_t seed,
+                                 uint32_t threshold, float *d_g, float *d_fp, float *a_out,
+                                 float *d_s, float *d_u, float *d_v, float *d_x, float *part,
+                                 int t, int nt) {
+    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
+    float df[MAX_HIDDEN], da[MAX_HIDDEN];
+    const i64 width = P_WIDTH * h + R_WIDTH * dh;
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 j = 0; j < c; j++) {
+        Gate q = gate_of(j, M, h, g, bias, scale, u, v, R0, R1, R2, gamma, beta);
+        float *p = part + j * width, *pb2 = p + P_WIDTH * h + R_B2 * dh;
+        float *pA = p + P_WIDTH * h + R_A * dh, *pC = p + P_WIDTH * h + R_C * dh;
+        GateSums acc = {p + P_GAMMA * h, p + P_BETA * h, p + P_R0 * h,
+                        p + P_R1 * h,    p + P_R2 * h,   p + P_BIAS * h};
+        const float *Aj = A + j * dh, *Cj = C + j * dh;
+        const float *W2Tj = W2T + j * dh * dh, *WgTj = WgT + j * 2 * h * dh;
+        for (i64 m = lo; m < hi; m++) {
+            const i64 r = j * M + m;
+            const uint64_t start = (uint64_t)(j0 * M + r) * (uint64_t)dh;
+            float *dg = d_g + r * 2 * h, dv;
+            gate_row_backward(&q, h, m, q.g + m * 2 * h, s[r], d_out + m * h, acc, dg, d_s + r,
+                              d_u + r, &dv, NULL, xh, ga, sg, dx);
+            if (d_v) d_v[r] = dv;
+            /* g = f Wg, its dropout scale on the gate: d f = scale d_g Wg^T; then the mask */
+            times_transposed(2 * h, dh, dg, WgTj, df);
+            float *dfp = d_fp + r * dh, *ar = a_out + r * dh;
+            const uint32_t key = row_key(seed, start);
+#pragma omp simd
+            for (i64 k = 0; k < dh; k++) {
+                float d = df[k] * scale;
+                if (threshold) d *= kept(key, start, k, threshold);
+                dfp[k] = d;
+                pb2[k] += d;
+            }
+            /* f before its mask = a W2 + b2, a = ELU(x A + C): ELU' is 1 where a > 0, else
+             * a + 1 */
+            times_transposed(dh, dh, dfp, W2Tj, da);
+            vf dxv = {0};
+            const float xv = x[r];
+            for (i64 k = 0; k < dh; k += VL) {
+                vf h1 = xv * load(Aj + k) + load(Cj + k);
+                vf ak = blend(h1 > 0.0f, h1, vexp(h1) - 1.0f);
+                store(ar + k, ak);
+                vf d = load(da + k) * blend(ak > 0.0f, splat(1.0f), ak + 1.0f);
+                store(pA + k, load(pA + k) + xv * d);
+                store(pC + k, load(pC + k) + d);
+                dxv += d * load(Aj + k);
+            }
+            if (d_x) d_x[r] = hsum(dxv);
+        }
+    }
+}
+
+/* vsn_gate_norm_sum_backward for a small variable_dim (dh % 16 == 0), continued through fc2
+ * and ELU row by row: besides d_g [c, M, 2h] (of scale g + bias), d_fp [c, M, dh] (the gradient
+ * of f before its mask, fc2's output) and a_out [c, M, dh] (ELU's output), which MKL turns into
+ * Wg's and W2's gradients; d_s, d_u, d_v, d_x [c, M] (d_v, d_x may be NULL); per-thread partial
+ * sums part [nthreads, c, 7h + 3dh] (zeroed here) of d_gamma, d_beta, d_R0, d_R1, d_R2, d_bias
+ * (2h), d_b2, d_A, d_C. W2T [c, dh, dh] and WgT [c, 2h, dh] are W2 and Wg transposed; the mask
+ * is the forward's, of variables j0.. from `seed`. */
+void vsn_backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
+                       float scale, const float *s, const float *u, const float *v,
+                       const float *R0, const float *R1, const float *R2, const float *gamma,
+                       const float *beta, const float *d_out, const float *x, const float *A,
+                       const float *C, const float *W2T, const float *WgT, i64 j0, uint64_t seed,
+                       uint32_t threshold, float *d_g, float *d_fp, float *a_out, float *d_s,
+                       float *d_u, float *d_v, float *d_x, float *part, int nthreads) {
+    int nt = threads(nthreads);
+    const i64 width = P_WIDTH * h + R_WIDTH * dh;
+    memset(part, 0, sizeof(float) * (size_t)(nt * c * width));
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        backward_rows(c, M, dh, h, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta, d_out, x,
+                      A, C, W2T, WgT, j0, seed, threshold, d_g, d_fp, a_out, d_s, d_u, d_v, d_x,
+                      part + t * c * width, t, team());
+    }
+}
+
+/* ---- dropout of any tensor, its mask drawn again in backward ---------------------------- */
+
+#define DROPOUT_BLOCK 1024 /* elements that share a row key */
+
+CLONES static void dropout_blocks(i64 n, uint64_t seed, uint32_t threshold, float scale,
+                                  const float *in, float *out, int t, int nt) {
+    i64 lo, hi;
+    row_range((n + DROPOUT_BLOCK - 1) / DROPOUT_BLOCK, t, nt, &lo, &hi);
+    for (i64 b = lo; b < hi; b++) {
+        const uint64_t start = (uint64_t)b * DROPOUT_BLOCK;
+        const uint32_t key = row_key(seed, start);
+        const i64 end = n - b * DROPOUT_BLOCK < DROPOUT_BLOCK ? n - b * DROPOUT_BLOCK : DROPOUT_BLOCK;
+        const float *x = in + start;
+        float *y = out + start;
+#pragma omp simd
+        for (i64 k = 0; k < end; k++) y[k] = x[k] * kept(key, start, k, threshold) * scale;
+    }
+}
+
+/* out = in * keep * scale over n elements, element i kept by the hash of (seed, i): forward
+ * and backward (the gradient through the same mask) alike. */
+void dropout_flat(i64 n, uint64_t seed, uint32_t threshold, float scale, const float *in,
+                  float *out, int nthreads) {
+    int nt = threads(nthreads);
+#pragma omp parallel num_threads(nt)
+    dropout_blocks(n, seed, threshold, scale, in, out, thread_id(), team());
+}
+
+/* ---- GateAddNorm: LayerNorm(GLU(g) + skip), the TFT's other gates --------------------------- */
+
+CLONES static void gate_add_norm_rows(i64 M, i64 h, const Gate *q, float *out, int t, int nt) {
+    float z[MAX_HIDDEN];
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 m = lo; m < hi; m++) {
+        normalized_row(q, h, m, q->g + m * 2 * h, z, NULL, NULL);
+        float *o = out + m * h;
+        for (i64 k = 0; k < h; k += VL)
+            store(o + k, load(z + k) * load(q->gamma + k) + load(q->beta + k));
+    }
+}
+
+/* out [M, h] = LayerNorm(GLU(g + bias) + skip) * gamma + beta: g [M, 2h] (a linear layer's
+ * matmul), bias [2h], skip [M, h], gamma and beta [h]. */
+void gate_add_norm(i64 M, i64 h, const float *g, const float *bias, const float *skip,
+                   const float *gamma, const float *beta, float *out, int nthreads) {
+    int nt = threads(nthreads);
+    Gate q = {g, bias, NULL, NULL, NULL, NULL, NULL, gamma, beta, 1.0f, skip};
+#pragma omp parallel num_threads(nt)
+    gate_add_norm_rows(M, h, &q, out, thread_id(), team());
+}
+
+CLONES static void gate_add_norm_backward_rows(i64 M, i64 h, const Gate *q, const float *d_out,
+                                               float *d_g, float *d_skip, float *part, int t,
+                                               int nt) {
+    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
+    GateSums acc = {part, part + h, NULL, NULL, NULL, part + 2 * h};
+    i64 lo, hi;
+    row_range(M, t, nt, &lo, &hi);
+    for (i64 m = lo; m < hi; m++) {
+        float ds, du, dv;
+        gate_row_backward(q, h, m, q->g + m * 2 * h, 1.0f, d_out + m * h, acc, d_g + m * 2 * h,
+                          &ds, &du, &dv, d_skip + m * h, xh, ga, sg, dx);
+    }
+}
+
+/* The backward of gate_add_norm: d_g [M, 2h] (also the bias's, summed), d_skip [M, h], and
+ * per-thread partial sums part [nthreads, 4h] (zeroed here) of d_gamma, d_beta, d_bias (2h). */
+void gate_add_norm_backward(i64 M, i64 h, const float *g, const float *bias, const float *skip,
+                            const float *gamma, const float *beta, const float *d_out,
+                            float *d_g, float *d_skip, float *part, int nthreads) {
+    int nt = threads(nthreads);
+    memset(part, 0, sizeof(float) * (size_t)(nt * 4 * h));
+    Gate q = {g, bias, NULL, NULL, NULL, NULL, NULL, gamma, beta, 1.0f, skip};
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        gate_add_norm_backward_rows(M, h, &q, d_out, d_g, d_skip, part + t * 4 * h, t, team());
+    }
 }
 
 /* ---- ELU's backward and the folded fc1 ------------------------------------------------------ */

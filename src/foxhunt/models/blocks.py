@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import foxhunt.models.cpu_kernels as cpu_kernels
+import foxhunt.models.fused_vsn as fused_vsn
 from foxhunt.models.dropout import Dropout
 from foxhunt.models.fused_vsn import selected_grns
 
@@ -65,7 +67,34 @@ class GateAddNorm(nn.Module):
         self.norm = nn.LayerNorm(output_size)
 
     def forward(self, x: Tensor, skip: Tensor) -> Tensor:
+        h = self.norm.normalized_shape[0]
+        if (
+            self.norm.eps == fused_vsn.LN_EPS
+            and skip.shape == (*x.shape[:-1], h)
+            and skip.dtype == x.dtype
+            and cpu_kernels.available(x, h)
+            and not torch.is_autocast_enabled(x.device.type)
+        ):
+            # the GLU, the add and LayerNorm in one C pass each way; the linear as a module, so
+            # that its hooks run (int8's input quantization)
+            g = self.glu.fc(self.glu.dropout(x)).reshape(-1, 2 * h)
+            out = _GateAddNorm.apply(g, skip.reshape(-1, h).contiguous(), *self.norm.parameters())
+            return out.reshape(skip.shape)
         return self.norm(self.glu(x) + skip)
+
+
+class _GateAddNorm(torch.autograd.Function):
+    """LayerNorm(GLU(g) + skip) * gamma + beta, forward and backward one C pass each
+    (`cpu_kernels.gate_add_norm`); it keeps g, where autograd's ops keep g and the sum."""
+
+    @staticmethod
+    def forward(ctx, g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:  # noqa: ANN001
+        ctx.save_for_backward(g, skip, gamma, beta)
+        return cpu_kernels.gate_add_norm(g, skip, gamma, beta)
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor) -> tuple[Tensor, ...]:  # noqa: ANN001
+        return cpu_kernels.gate_add_norm_backward(*ctx.saved_tensors, d_out.contiguous())
 
 
 class ResampleNorm(nn.Module):

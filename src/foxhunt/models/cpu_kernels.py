@@ -17,30 +17,28 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
-from foxhunt.models.dropout import LEVELS
-
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-_F = ctypes.c_float
-_T = ctypes.c_int  # threads
+# each C function's arguments, a letter each: i int64, p a tensor's pointer (or NULL), f float,
+# s a seed (uint64), t a dropout threshold (uint32), n the thread count (int)
 _SIGNATURES = {
-    "vsn_elu": [_I, _I, _I, _P, _P, _P, _P, _T],
-    "vsn_bias_dropout": [_I, _I, _I, _I, ctypes.c_uint64, ctypes.c_uint32, _F, _P, _P, _P, _T],
-    "vsn_gate_norm_sum": [_I, _I, _I, _P, _P, _F, *[_P] * 9, _T],
-    "vsn_gate_norm_sum_backward": [_I, _I, _I, _P, _P, _F, *[_P] * 14, _T],
-    "vsn_elu_backward": [_I, _I, _I, *[_P] * 6, _T],
-    "vsn_forward": [
-        _I,
-        _I,
-        _I,
-        _I,
-        *[_P] * 7,
-        ctypes.c_uint64,
-        ctypes.c_uint32,
-        _F,
-        *[_P] * 11,
-        _T,
-    ],
+    "vsn_elu": "iii pppp n",
+    "vsn_bias_dropout": "iiii s t f ppp n",
+    "vsn_gate_norm_sum": "iii pp f ppppppppp n",
+    "vsn_gate_norm_sum_backward": "iii pp f pppppppppppppp n",
+    "vsn_elu_backward": "iii pppppp n",
+    "vsn_forward": "iiii ppppppp s t f ppppppppppp n",
+    "vsn_backward_rows": "iiii pp f pppppppppppppp i s t pppppppp n",
+    "vsn_grn_rows": "iiiii pppppp s t pp n",
+    "gate_add_norm": "ii pppppp n",
+    "dropout_flat": "i s t f pp n",
+    "gate_add_norm_backward": "ii ppppppppp n",
+}
+_TYPES = {
+    "i": ctypes.c_int64,
+    "p": ctypes.c_void_p,
+    "f": ctypes.c_float,
+    "s": ctypes.c_uint64,
+    "t": ctypes.c_uint32,
+    "n": ctypes.c_int,
 }
 MAX_HIDDEN = 4096  # the C code keeps a row of the hidden size on the stack
 LANES = 16  # and works on it 16 floats at a time
@@ -55,22 +53,22 @@ def library() -> ctypes.CDLL | None:
     if spec is None or spec.origin is None:
         return None
     lib = ctypes.CDLL(spec.origin)  # loaded after torch: OpenMP is the runtime torch loaded
-    for name, argtypes in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
+    for name, letters in _SIGNATURES.items():
+        getattr(lib, name).argtypes = [_TYPES[c] for c in letters.replace(" ", "")]
         getattr(lib, name).restype = None
     return lib
 
 
-def available(x: Tensor, hidden: int) -> bool:
-    """Whether the fused selection of `x` runs here: float32 on a CPU, eager (not under
-    torch.compile or torch.export), a hidden size that is a multiple of 16, with the library
-    built."""
+def available(x: Tensor, hidden: int = LANES) -> bool:
+    """Whether the kernels run on `x` here: float32 on a CPU, eager (not under torch.compile
+    or torch.export), a hidden size that is a multiple of 16, with the library built."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and hidden <= MAX_HIDDEN
         and hidden % LANES == 0
         and not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
         and library() is not None
     )
 
@@ -102,8 +100,12 @@ def elu(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
     return a
 
 
+LEVELS = 1 << 16  # the dropout masks' resolution: 16 bits of a hash (or of random bits) each
+
+
 def threshold(p: float) -> int:
-    """The 16-bit threshold of dropout rate p, as `foxhunt.models.dropout` rounds it."""
+    """The 16-bit threshold of dropout rate p: an element is kept where its 16 bits clear it,
+    so the rate is p rounded to 1/65536 (`foxhunt.models.dropout.keep_scale`)."""
     return round(p * LEVELS)
 
 
@@ -252,4 +254,137 @@ def forward(
             *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out, f_out, g_out)),
             _threads(),
         )
+    return out
+
+
+def grn_rows(
+    x: Tensor,
+    A: Tensor,
+    C: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    Wg: Tensor,
+    first: int,
+    seed: int,
+    p: float,
+    h: int,
+) -> tuple[Tensor, Tensor]:
+    """`forward`'s f [c, M, dh] and g [c, M, 2h] of variables first..first+c-1 again, computed
+    as it computed them (recompute mode's backward)."""
+    c, M = x.shape
+    dh = A.shape[-1]
+    f, g = x.new_empty(c, M, dh), x.new_empty(c, M, 2 * h)
+    if _real(x):
+        library().vsn_grn_rows(
+            c,
+            M,
+            dh,
+            h,
+            first,
+            *map(_ptr, (x, A, C, W2, b2, Wg)),
+            seed,
+            threshold(p),
+            *map(_ptr, (f, g)),
+            _threads(),
+        )
+    return f, g
+
+
+def backward_rows(
+    g: Tensor,
+    bias: Tensor,
+    scale: float,
+    s: Tensor,
+    u: Tensor,
+    v: Tensor | None,
+    R0: Tensor,
+    R1: Tensor,
+    R2: Tensor | None,
+    gamma: Tensor,
+    beta: Tensor,
+    d_out: Tensor,
+    x: Tensor,
+    A: Tensor,
+    C: Tensor,
+    W2T: Tensor,
+    WgT: Tensor,
+    first: int,
+    seed: int,
+    p: float,
+    d_s: Tensor,
+    d_u: Tensor,
+    d_v: Tensor | None,
+    d_x: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    """`gate_norm_sum_backward` continued through fc2's mask and ELU row by row, for a small
+    variable_dim: (d_g [c, M, 2h], d_fp [c, M, dh] the gradient of fc2's output, a [c, M, dh]
+    ELU's output) for MKL's weight gradients, d_s, d_u, d_v, d_x filled in, and the sums over the
+    rows of GATE_PARTS (bias [c, 2h]) and of b2, A, C ([c, dh] each). W2T, WgT: W2 and Wg
+    transposed; the mask of variables first.. drawn from `seed`, as `bias_dropout` draws it."""
+    c, M, h2 = g.shape
+    h, dh = h2 // 2, A.shape[-1]
+    d_g = torch.empty_like(g)
+    d_fp, a = g.new_empty(c, M, dh), g.new_empty(c, M, dh)
+    sizes = [h] * (len(GATE_PARTS) - 1) + [2 * h, dh, dh, dh]
+    parts = g.new_empty(_threads(), c, sum(sizes))
+    if _real(g):
+        library().vsn_backward_rows(
+            c,
+            M,
+            dh,
+            h,
+            _ptr(g),
+            _ptr(bias),
+            scale,
+            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, d_out, x, A, C, W2T, WgT)),
+            first,
+            seed,
+            threshold(p),
+            *map(_ptr, (d_g, d_fp, a, d_s, d_u, d_v, d_x, parts)),
+            _threads(),
+        )
+    sums = parts.sum(0).split(sizes, dim=-1)
+    return d_g, d_fp, a, dict(zip((*GATE_PARTS, "b2", "A", "C"), sums, strict=True))
+
+
+def gate_add_norm(g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
+    """LayerNorm(GLU(g) + skip) * gamma + beta: g [M, 2h], skip [M, h] -> [M, h]."""
+    M, h = skip.shape
+    out = torch.empty_like(skip)
+    if _real(g):
+        bias = g.new_zeros(2 * h)  # (the C code adds the GLU's bias; a linear layer's has)
+        library().gate_add_norm(M, h, *map(_ptr, (g, bias, skip, gamma, beta, out)), _threads())
+    return out
+
+
+def gate_add_norm_backward(
+    g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor, d_out: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of `gate_add_norm`'s inputs, in their order."""
+    M, h = skip.shape
+    d_g, d_skip = torch.empty_like(g), torch.empty_like(skip)
+    parts = g.new_empty(_threads(), 4 * h)
+    if _real(g):
+        bias = g.new_zeros(2 * h)  # (held here: C reads it after the pointers are taken)
+        library().gate_add_norm_backward(
+            M, h, *map(_ptr, (g, bias, skip, gamma, beta, d_out, d_g, d_skip, parts)), _threads()
+        )
+    d_gamma, d_beta, _ = parts.sum(0).split([h, h, 2 * h])
+    return d_g, d_skip, d_gamma, d_beta
+
+
+def draw_seed(x: Tensor) -> int:
+    """A seed for the hashed dropout masks, drawn from torch's generator (torch.manual_seed
+    fixes the masks, a checkpoint's RNG state resumes them); 0 under FakeTensorMode."""
+    if not _real(x):
+        return 0
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+
+
+def dropout(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
+    """x * keep * scale, element i kept by the hash of (seed, i): the same mask for the same
+    seed, so backward draws it again from the seed instead of keeping it."""
+    out = torch.empty_like(x)
+    if _real(x):
+        library().dropout_flat(x.numel(), seed, threshold(p), scale, _ptr(x), _ptr(out), _threads())
     return out

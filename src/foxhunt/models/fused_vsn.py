@@ -401,7 +401,7 @@ class _KernelSelectedGRNs(torch.autograd.Function):
         x, W2, gamma = tensors[0], tensors[4], tensors[13]
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
-        seed = _seed(x) if dropout else 0
+        seed = cpu_kernels.draw_seed(x) if dropout else 0
         f_all = x.new_empty(n, rows, dh) if save and not recompute else None
         g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
         chunks = _chunks(n, rows * 2 * h, x)
@@ -434,31 +434,48 @@ class _KernelSelectedGRNs(torch.autograd.Function):
         d_s, d_A, d_C, d_W2, d_Wg = like(s), like(A), like(C), like(W2), like(Wg)
         d_u, d_v, d_R0, d_R1, d_R2 = like(u), like(v), like(R0), like(R1), like(R2)
         d_gamma, d_beta, d_b2, d_bg = like(gamma), like(beta), like(b2), like(bg)
+        # a small variable_dim: the backward goes on through fc2 and ELU row by row in C, and
+        # MKL's matmuls are only those of the weights' gradients
+        row = row_matmuls(W2.shape[-1])
+        W2T, WgT = (
+            (W2.transpose(1, 2).contiguous(), Wg.transpose(1, 2).contiguous())
+            if row
+            else (None, None)
+        )
         for c in _chunks(n, rows * 2 * h, x):
-            a = cpu_kernels.elu(x[c], A[c], C[c])
-            if g_all is None:  # recompute mode: f and g again, with the forward's mask
+            if g_all is None and row:  # recompute mode: f and g as the forward made them
+                f, g = cpu_kernels.grn_rows(
+                    x[c], A[c], C[c], W2[c], b2[c], Wg[c], c.start, seed, p, h
+                )
+            elif g_all is None:
+                a = cpu_kernels.elu(x[c], A[c], C[c])
                 f = torch.bmm(a, W2[c])
                 cpu_kernels.bias_dropout(f, b2[c], c.start, seed, p)
                 g = torch.bmm(f, Wg[c])
             else:
                 f, g = f_all[c], g_all[c]
-            d_g, sums = cpu_kernels.gate_norm_sum_backward(
-                g,
-                bg[c],
-                scale,
-                s[c],
-                u[c],
-                *_rows(c, v),
-                R0[c],
-                R1[c],
-                *_rows(c, R2),
-                gamma[c],
-                beta[c],
-                d_out,
-                d_s[c],
-                d_u[c],
-                *_rows(c, d_v),
-            )
+            gate = (g, bg[c], scale, s[c], u[c], *_rows(c, v), R0[c], R1[c], *_rows(c, R2))
+            gate += (gamma[c], beta[c], d_out)
+            d_rows = (d_s[c], d_u[c], *_rows(c, d_v))
+            if row:
+                d_g, d_f, a, sums = cpu_kernels.backward_rows(
+                    *gate,
+                    x[c],
+                    A[c],
+                    C[c],
+                    W2T[c],
+                    WgT[c],
+                    c.start,
+                    seed,
+                    p,
+                    *d_rows,
+                    None if d_x is None else d_x[c],
+                )
+                d_b2[c], d_A[c], d_C[c] = sums["b2"], sums["A"], sums["C"]
+            else:
+                if g_all is not None:
+                    a = cpu_kernels.elu(x[c], A[c], C[c])
+                d_g, sums = cpu_kernels.gate_norm_sum_backward(*gate, *d_rows)
             del g
             for grad, key in (
                 (d_gamma, "gamma"),
@@ -474,17 +491,19 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             if scale != 1:
                 d_Wg[c] *= scale
             del f
-            d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
+            if not row:
+                d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
+                # the forward's mask again, the dropout scale with it; fc2's bias gradient
+                d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
             del d_g
-            # the forward's mask again, the dropout scale with it; fc2's bias gradient
-            d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
             torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
-            d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
-            del d_f
-            d_A[c], d_C[c] = cpu_kernels.elu_backward(
-                x[c], A[c], a, d_a, None if d_x is None else d_x[c]
-            )
-            del a, d_a
+            if not row:
+                d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
+                d_A[c], d_C[c] = cpu_kernels.elu_backward(
+                    x[c], A[c], a, d_a, None if d_x is None else d_x[c]
+                )
+                del d_a
+            del a, d_f
         return (
             d_x,
             d_s,
@@ -505,13 +524,6 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             None,
             None,
         )
-
-
-def _seed(x: Tensor) -> int:
-    """A dropout seed from torch's generator (so torch.manual_seed fixes the masks)."""
-    if isinstance(x, FakeTensor):
-        return 0
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
 
 
 def selected_grns(
@@ -580,7 +592,9 @@ def _select(
     if not save:
         chunks = _chunks(n, rows * 2 * h, x)
         if kernel:
-            return _kernel_forward(*tensors, dropout, _seed(x) if dropout else 0, chunks)
+            return _kernel_forward(
+                *tensors, dropout, cpu_kernels.draw_seed(x) if dropout else 0, chunks
+            )
         return _forward(*tensors, dropout, chunks)
     function = _KernelSelectedGRNs if kernel else _SelectedGRNs
     return function.apply(*tensors, dropout, save, recompute)
