@@ -101,7 +101,11 @@ def test_checkpoints_of_foxhunt_0_1_0_still_load_and_forecast_the_same(tmp_path)
         want = pq.read_table(LEGACY / f"{expected}_predictions.parquet")
         assert got.column_names == want.column_names
         for c in ("q0.1", "q0.5", "q0.9"):
-            np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-5)
+            # float32 rounding of today's kernels (the C kernels sum in another order): 1e-5 of
+            # the largest forecast (seen: 1.3e-6 where it is 0.6); a misloaded weight is 1e-2
+            want_c = want[c].to_numpy()
+            atol = 1e-5 * np.abs(want_c).max()
+            np.testing.assert_allclose(got[c].to_numpy(), want_c, rtol=1e-5, atol=atol)
 
 
 def test_fresh_checkpoints_need_nothing_beyond_the_weights_only_defaults(tmp_path, table_path):
