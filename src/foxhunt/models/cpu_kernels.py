@@ -1,10 +1,11 @@
-"""The fused variable selection's elementwise chains on a CPU, one pass each (`_vsn_kernels.c`).
+"""The TFT's elementwise chains on a CPU, one pass each (`_vsn_kernels.c`): the fused variable
+selection's (`foxhunt.models.fused_vsn`), GateAddNorm's and dropout's (`blocks`, `dropout`).
 
 Each function takes float32 tensors, allocates what it returns with torch (so that the memory
 estimator, which runs the same code under FakeTensorMode, sees every buffer) and fills it in C
 through ctypes; under FakeTensorMode only the allocations happen. The C library is built by
 `pip install` (setup.py) where a C compiler is found; without it, `available()` is False and
-`foxhunt.models.fused_vsn` runs its PyTorch path.
+the callers run their PyTorch paths.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ _SIGNATURES = {
     "vsn_backward_rows": "iiii pp f pppppppppppppp i s t pppppppp n",
     "vsn_grn_rows": "iiiii pppppp s t pp n",
     "gate_add_norm": "ii pppppp n",
-    "dropout_flat": "i s t f pp n",
     "gate_add_norm_backward": "ii ppppppppp n",
+    "dropout_flat": "i s t f pp n",
 }
 _TYPES = {
     "i": ctypes.c_int64,
@@ -44,6 +45,7 @@ MAX_HIDDEN = 4096  # the C code keeps a row of the hidden size on the stack
 LANES = 16  # and works on it 16 floats at a time
 # the partial sums of vsn_gate_norm_sum_backward, each `hidden` wide per variable (bias: 2)
 GATE_PARTS = ("gamma", "beta", "R0", "R1", "R2", "bias")
+LEVELS = 1 << 16  # the dropout masks' resolution: 16 bits of a hash (or of random bits) each
 
 
 @cache
@@ -73,6 +75,12 @@ def available(x: Tensor, hidden: int = LANES) -> bool:
     )
 
 
+def threshold(p: float) -> int:
+    """The 16-bit threshold of dropout rate p: an element is kept where its 16 bits clear it,
+    so the rate is p rounded to 1/65536 (`foxhunt.models.dropout.keep_scale`)."""
+    return round(p * LEVELS)
+
+
 def _ptr(t: Tensor | None) -> int | None:
     if t is None:
         return None
@@ -98,15 +106,6 @@ def elu(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
     if _real(x):
         library().vsn_elu(c, M, dh, _ptr(x), _ptr(A), _ptr(C), _ptr(a), _threads())
     return a
-
-
-LEVELS = 1 << 16  # the dropout masks' resolution: 16 bits of a hash (or of random bits) each
-
-
-def threshold(p: float) -> int:
-    """The 16-bit threshold of dropout rate p: an element is kept where its 16 bits clear it,
-    so the rate is p rounded to 1/65536 (`foxhunt.models.dropout.keep_scale`)."""
-    return round(p * LEVELS)
 
 
 def bias_dropout(
