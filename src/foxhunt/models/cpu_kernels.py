@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 from functools import cache
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -46,6 +47,30 @@ LANES = 16  # and works on it 16 floats at a time
 # the partial sums of vsn_gate_norm_sum_backward, each `hidden` wide per variable (bias: 2)
 GATE_PARTS = ("gamma", "beta", "R0", "R1", "R2", "bias")
 LEVELS = 1 << 16  # the dropout masks' resolution: 16 bits of a hash (or of random bits) each
+
+
+class Gate(NamedTuple):
+    """What turns a chunk's GLU matmul g [c, M, 2h] into its weighted, layer-normalised rows:
+    sum_j s_j LayerNorm_j(GLU(scale g_j + bias_j) + R0_j + u_j R1_j + v_j R2_j) with the affine
+    gamma_j, beta_j. bias [c, 2h]; s, u, v [c, M]; R0, R1, R2, gamma, beta [c, h]; v and R2 None
+    without a resampled skip."""
+
+    g: Tensor
+    bias: Tensor
+    scale: float
+    s: Tensor
+    u: Tensor
+    v: Tensor | None
+    R0: Tensor
+    R1: Tensor
+    R2: Tensor | None
+    gamma: Tensor
+    beta: Tensor
+
+    def pointers(self) -> list:
+        """Its arguments to the C functions, in their order."""
+        g, bias, scale, *rest = self
+        return [_ptr(g), _ptr(bias), scale, *map(_ptr, rest)]
 
 
 @cache
@@ -129,69 +154,30 @@ def bias_dropout(
     return None if sums is None else sums.sum(0)
 
 
-def gate_norm_sum(
-    g: Tensor,
-    bias: Tensor,
-    scale: float,
-    s: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
-    out: Tensor,
-) -> None:
-    """out [M, h] += sum_j s_j LayerNorm_j(GLU(scale g_j + bias_j) + R0_j + u_j R1_j + v_j R2_j),
-    with LayerNorm_j's affine gamma_j, beta_j: g [c, M, 2h], bias [c, 2h]."""
-    c, M, h2 = g.shape
-    if _real(g):
-        library().vsn_gate_norm_sum(
-            c,
-            M,
-            h2 // 2,
-            _ptr(g),
-            _ptr(bias),
-            scale,
-            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out)),
-            _threads(),
-        )
+def gate_norm_sum(gate: Gate, out: Tensor) -> None:
+    """out [M, h] += the chunk's weighted, layer-normalised rows (`Gate`)."""
+    c, M, h2 = gate.g.shape
+    if _real(gate.g):
+        library().vsn_gate_norm_sum(c, M, h2 // 2, *gate.pointers(), _ptr(out), _threads())
 
 
 def gate_norm_sum_backward(
-    g: Tensor,
-    bias: Tensor,
-    scale: float,
-    s: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
-    d_out: Tensor,
-    d_s: Tensor,
-    d_u: Tensor,
-    d_v: Tensor | None,
+    gate: Gate, d_out: Tensor, d_s: Tensor, d_u: Tensor, d_v: Tensor | None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The backward of `gate_norm_sum`: d_g [c, M, 2h] (the gradient of scale g + bias), d_s,
     d_u and d_v filled in [c, M], and the parameters' gradients summed over the rows
     (GATE_PARTS, each [c, h]; bias [c, 2h])."""
-    c, M, h2 = g.shape
+    c, M, h2 = gate.g.shape
     h = h2 // 2
-    d_g = torch.empty_like(g)
-    parts = g.new_empty(_threads(), c, (len(GATE_PARTS) + 1) * h)
-    if _real(g):
+    d_g = torch.empty_like(gate.g)
+    parts = d_g.new_empty(_threads(), c, (len(GATE_PARTS) + 1) * h)
+    if _real(d_g):
         library().vsn_gate_norm_sum_backward(
             c,
             M,
             h,
-            _ptr(g),
-            _ptr(bias),
-            scale,
-            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, d_out, d_g, d_s, d_u, d_v, parts)),
+            *gate.pointers(),
+            *map(_ptr, (d_out, d_g, d_s, d_u, d_v, parts)),
             _threads(),
         )
     sums = parts.sum(0).split([h] * (len(GATE_PARTS) - 1) + [2 * h], dim=-1)
@@ -290,17 +276,7 @@ def grn_rows(
 
 
 def backward_rows(
-    g: Tensor,
-    bias: Tensor,
-    scale: float,
-    s: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
+    gate: Gate,
     d_out: Tensor,
     x: Tensor,
     A: Tensor,
@@ -320,22 +296,20 @@ def backward_rows(
     ELU's output) for MKL's weight gradients, d_s, d_u, d_v, d_x filled in, and the sums over the
     rows of GATE_PARTS (bias [c, 2h]) and of b2, A, C ([c, dh] each). W2T, WgT: W2 and Wg
     transposed; the mask of variables first.. drawn from `seed`, as `bias_dropout` draws it."""
-    c, M, h2 = g.shape
+    c, M, h2 = gate.g.shape
     h, dh = h2 // 2, A.shape[-1]
-    d_g = torch.empty_like(g)
-    d_fp, a = g.new_empty(c, M, dh), g.new_empty(c, M, dh)
+    d_g = torch.empty_like(gate.g)
+    d_fp, a = d_g.new_empty(c, M, dh), d_g.new_empty(c, M, dh)
     sizes = [h] * (len(GATE_PARTS) - 1) + [2 * h, dh, dh, dh]
-    parts = g.new_empty(_threads(), c, sum(sizes))
-    if _real(g):
+    parts = d_g.new_empty(_threads(), c, sum(sizes))
+    if _real(d_g):
         library().vsn_backward_rows(
             c,
             M,
             dh,
             h,
-            _ptr(g),
-            _ptr(bias),
-            scale,
-            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, d_out, x, A, C, W2T, WgT)),
+            *gate.pointers(),
+            *map(_ptr, (d_out, x, A, C, W2T, WgT)),
             first,
             seed,
             threshold(p),

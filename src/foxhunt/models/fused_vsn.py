@@ -366,20 +366,10 @@ def _kernel_forward(
             bias = bg[c]
         g = torch.bmm(f, Wg[c], out=None if g_all is None else g_all[c])
         del f
-        cpu_kernels.gate_norm_sum(
-            g,
-            bias,
-            scale,
-            s[c],
-            u[c],
-            *_rows(c, v),
-            R0[c],
-            R1[c],
-            *_rows(c, R2),
-            gamma[c],
-            beta[c],
-            out,
+        gate = cpu_kernels.Gate(
+            g, bias, scale, s[c], u[c], *_rows(c, v), R0[c], R1[c], *_rows(c, R2), gamma[c], beta[c]
         )
+        cpu_kernels.gate_norm_sum(gate, out)
         del g
     return out
 
@@ -454,12 +444,24 @@ class _KernelSelectedGRNs(torch.autograd.Function):
                 g = torch.bmm(f, Wg[c])
             else:
                 f, g = f_all[c], g_all[c]
-            gate = (g, bg[c], scale, s[c], u[c], *_rows(c, v), R0[c], R1[c], *_rows(c, R2))
-            gate += (gamma[c], beta[c], d_out)
+            gate = cpu_kernels.Gate(
+                g,
+                bg[c],
+                scale,
+                s[c],
+                u[c],
+                *_rows(c, v),
+                R0[c],
+                R1[c],
+                *_rows(c, R2),
+                gamma[c],
+                beta[c],
+            )
             d_rows = (d_s[c], d_u[c], *_rows(c, d_v))
             if row:
                 d_g, d_f, a, sums = cpu_kernels.backward_rows(
-                    *gate,
+                    gate,
+                    d_out,
                     x[c],
                     A[c],
                     C[c],
@@ -475,7 +477,7 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             else:
                 if g_all is not None:
                     a = cpu_kernels.elu(x[c], A[c], C[c])
-                d_g, sums = cpu_kernels.gate_norm_sum_backward(*gate, *d_rows)
+                d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
             del g
             for grad, key in (
                 (d_gamma, "gamma"),
