@@ -62,7 +62,7 @@ def run(table: Path, out: Path, *extra: str) -> dict:
 
 def main(out: Path) -> None:
     print("threads:", use_cpus())
-    table = write_table(out / "bars.parquet", make_table({"AAA": 700, "BBB": 500}))
+    table = write_table(out / "bars.parquet", make_table({"AAA": 400, "BBB": 300}))
     competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR])
     try:
         runs = {

@@ -557,20 +557,20 @@ def export_best(
     )
 
 
-@torch.inference_mode()
 def forecast_split(
     trainer: L.Trainer, module: L.LightningModule, split: str = "test"
 ) -> tuple[np.ndarray, float | None]:
     """[windows, H, Q] the module's quantile forecasts (normalized units) of every window of
     `split` (test or val), in the dataset's order: the unsharded loader (rank 0 forecasts them
-    all), under the Trainer's precision, as the test step made them. And the share of steps
-    whose quantiles crossed (none with model.monotone; a model trained before it may)."""
+    all), under the Trainer's precision and grad mode, as the test step made them. And the share
+    of steps whose quantiles crossed (none with model.monotone; a model trained before it may)."""
     datamodule = trainer.datamodule
     loaders = {"test": datamodule.test_dataloader, "val": datamodule.val_dataloader}
     preds = []
     was_training = module.training
     module.eval()
-    with trainer.precision_plugin.forward_context():
+    no_grad = torch.inference_mode if trainer.test_loop.inference_mode else torch.no_grad
+    with no_grad(), trainer.precision_plugin.forward_context():
         for batch in loaders[split](sharded=False):  # in order: no shuffle
             batch = {k: v.to(module.device) for k, v in batch.items()}
             preds.append(validation_forward(module.model, batch).float().cpu())

@@ -56,8 +56,13 @@ LN_EPS = 1e-5
 ROW_MATMUL_MAX_DH = 32
 
 
-def _chunks(n: int, per_variable: int, x: Tensor) -> list[slice]:
-    size = max(1, CHUNK_ELEMENTS // max(per_variable, 1))
+def _chunks(n: int, rows: int, h: int, x: Tensor) -> list[slice]:
+    """Chunks of the n variables whose [chunk, rows, 2 h] intermediates hold about
+    CHUNK_ELEMENTS; under torch.compile an exported graph's (from the weights alone): chunks
+    from the rows, the batch, would make a graph for each batch size."""
+    if torch.compiler.is_compiling():
+        return _export_chunks(n, h)
+    size = max(1, CHUNK_ELEMENTS // max(rows * 2 * h, 1))
     chunks = [slice(i, min(i + size, n)) for i in range(0, n, size)]
     # Under FakeTensorMode (foxhunt.memory's estimator) each chunk allocates and frees the same
     # temporaries, and the first is the largest: it alone gives the same peak, 225x faster.
@@ -193,7 +198,7 @@ class _SelectedGRNs(torch.autograd.Function):
         g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
         keep_all = x.new_empty(n, rows, dh, dtype=torch.bool) if save and dropout else None
         tensors = (x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta)
-        chunks = _chunks(n, rows * 2 * h, x)
+        chunks = _chunks(n, rows, h, x)
         out = _forward(*tensors, dropout, chunks, f_all, g_all, keep_all)
         if save:
             ctx.save_for_backward(
@@ -225,7 +230,7 @@ class _SelectedGRNs(torch.autograd.Function):
         d_gamma, d_beta = like(gamma), like(beta)
         d_b2 = x.new_empty(W2.shape[0], W2.shape[-1])
         d_bg = x.new_empty(Wg.shape[0], Wg.shape[-1])
-        for c in _chunks(n, rows * 2 * h, x):
+        for c in _chunks(n, rows, h, x):
             a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
             if g_all is None:  # recompute mode: f and g again, with the forward's dropout mask
                 f = torch.baddbmm(_row(b2[c]), a, W2[c])
@@ -394,7 +399,7 @@ class _KernelSelectedGRNs(torch.autograd.Function):
         seed = cpu_kernels.draw_seed(x) if dropout else 0
         f_all = x.new_empty(n, rows, dh) if save and not recompute else None
         g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
-        chunks = _chunks(n, rows * 2 * h, x)
+        chunks = _chunks(n, rows, h, x)
         out = _kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
         if save:
             ctx.save_for_backward(*tensors, f_all, g_all)
@@ -432,7 +437,7 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             if row
             else (None, None)
         )
-        for c in _chunks(n, rows * 2 * h, x):
+        for c in _chunks(n, rows, h, x):
             if g_all is None and row:  # recompute mode: f and g as the forward made them
                 f, g = cpu_kernels.grn_rows(
                     x[c], A[c], C[c], W2[c], b2[c], Wg[c], c.start, seed, p, h
@@ -592,7 +597,7 @@ def _select(
     if kernel:
         tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     if not save:
-        chunks = _chunks(n, rows * 2 * h, x)
+        chunks = _chunks(n, rows, h, x)
         if kernel:
             return _kernel_forward(
                 *tensors, dropout, cpu_kernels.draw_seed(x) if dropout else 0, chunks

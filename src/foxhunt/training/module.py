@@ -235,6 +235,12 @@ class TFTModule(L.LightningModule):
         if mode is not None and not self._compiled:
             self.model.compile(mode=mode)
             self._compiled = True
+        if self._compiled:
+            # evaluations under no_grad, as the fit's validation runs: a graph compiled there
+            # refuses inference_mode's tensors, and every graph would be compiled again
+            trainer = self.trainer
+            for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
+                loop.inference_mode = False
 
     def on_fit_start(self) -> None:
         # the memory plug-in that splits steps into micro-batches (foxhunt.memory.OOMBackoff)
