@@ -14,9 +14,8 @@ from foxhunt.models.dropout import keep_scale
 from foxhunt.models.fused_vsn import selected_grns
 from tests.models.test_fused_vsn import autograd_selected_grns, flat, fused_inputs
 
-needs_kernels = pytest.mark.skipif(
-    cpu_kernels.library() is None, reason="the C kernels are not built here"
-)
+LOADED = cpu_kernels.library()  # what the model runs (the fixture `build` swaps it per test)
+needs_kernels = pytest.mark.skipif(LOADED is None, reason="the C kernels are not built here")
 
 # float32 against float64, each error relative to the largest magnitude of the expected tensor:
 # seen up to 1.1e-5 in the gradients (sums over 37 rows of products through K = 48 matmuls)
@@ -24,6 +23,15 @@ FORWARD_TOL, BACKWARD_TOL = 1e-5, 5e-5
 # n, variable_dim, hidden, rows: a variable_dim the forward does row by row (16) and one it
 # does around MKL's matmuls (48), both with a hidden of 32 (the kernels take multiples of 16)
 SHAPES = {"row": (5, 16, 32, 37), "chunks": (5, 48, 32, 37)}
+
+
+@pytest.fixture(autouse=True, params=cpu_kernels.builds() or [None])
+def build(request, monkeypatch):
+    """Each test runs with every build this CPU runs (setup.py: vectors of 16, 8 and 4 floats),
+    not only the one the model loads."""
+    if request.param is not None:
+        monkeypatch.setattr(cpu_kernels, "library", lambda: cpu_kernels.load(request.param))
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +69,21 @@ def test_the_kernels_are_built_where_setup_builds_them():
     (optional): this is what notices a failed build in CI."""
     if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
         assert cpu_kernels.library() is not None
+
+
+@needs_kernels
+def test_the_model_loads_the_build_of_its_cpus_registers(build):
+    """The widest vectors this CPU has: GCC turns a comparison of vectors wider than the
+    registers into one scalar compare per element (16-float vectors on an AVX2 CPU ran the
+    selection 2-3x slower than PyTorch)."""
+    level = cpu_kernels.load("_vsn_kernels").vsn_x86_level()
+    widest = cpu_kernels.load(cpu_kernels.builds()[0])
+    assert widest.vsn_vector_width() == {4: 16, 3: 8}.get(level, 4)
+    assert LOADED is widest
+    assert (
+        cpu_kernels.library().vsn_vector_width()
+        == {"_vsn_kernels_avx512": 16, "_vsn_kernels_avx2": 8, "_vsn_kernels": 4}[build]
+    )
 
 
 @needs_kernels

@@ -27,12 +27,18 @@
 #include <omp.h>
 #endif
 
-/* One copy per instruction set (AVX-512, AVX2 + FMA, baseline), chosen at load time by the
- * CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
+/* Built three times by setup.py, once per instruction set, each with the vector width of its
+ * registers: this file as it is for any CPU (4 floats, SSE2 or NEON), and through
+ * _vsn_kernels_avx2.c (8, -march=x86-64-v3) and _vsn_kernels_avx512.c (16, -march=x86-64-v4);
+ * cpu_kernels.library loads the widest this CPU runs (vsn_x86_level). One width for all would
+ * not do: GCC splits a vector wider than the registers into pieces for arithmetic, but its
+ * comparisons into one scalar compare per element, and ELU's and exp's selects ran 2-3x slower
+ * than PyTorch on an AVX2 CPU with 16-float vectors. */
+#ifndef VL
+#define VL 4
+#endif
+#ifndef MODULE
+#define MODULE _vsn_kernels
 #endif
 
 #define LN_EPS 1e-5f
@@ -43,11 +49,10 @@ typedef int64_t i64;
 /* vectors pass between static inline functions only: no ABI to keep */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-/* The hidden-wide rows are written with GCC's vector types, 16 floats at a time (one AVX-512
- * register, two AVX2 ones), hence hidden % 16 == 0 (cpu_kernels.available checks it): with
- * `omp simd` loops the compiler kept the per-row sums on the stack and masked every loop, and
- * the backward ran 2-3x slower. */
-#define VL 16
+/* The hidden-wide rows are written with GCC's vector types, VL floats at a time (one register),
+ * hence hidden % 16 == 0 for every width (cpu_kernels.available checks it): with `omp simd`
+ * loops the compiler kept the per-row sums on the stack and masked every loop, and the backward
+ * ran 2-3x slower. */
 typedef float vf __attribute__((vector_size(4 * VL)));
 typedef float vf_u __attribute__((vector_size(4 * VL), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(4 * VL)));
@@ -57,12 +62,12 @@ static inline void store(float *p, vf v) { *(vf_u *)p = v; }
 static inline vf splat(float x) { return (vf){0} + x; }
 static inline vf blend(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 
-static inline float hsum(vf v) { /* a tree of halves: a chain of 16 adds waits on each */
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return v[0];
+static inline float hsum(vf v) { /* a tree of halves: a chain of VL adds waits on each */
+    float t[VL];
+    memcpy(t, &v, sizeof t);
+    for (int w = VL / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) t[i] += t[i + w];
+    return t[0];
 }
 
 /* exp(x) to about 2 ulp (Cephes' expf polynomial) in vector operations: libm's expf is a call
@@ -165,8 +170,8 @@ static void row_range(i64 rows, int t, int nt, i64 *lo, i64 *hi) {
 
 /* ---- a = ELU(x A + C): [c, M, dh] from x [c, M], A and C [c, dh] ---------------------------- */
 
-CLONES static void elu_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
-                            const float *C, float *a, int t, int nt) {
+static void elu_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
+                     const float *C, float *a, int t, int nt) {
     i64 lo, hi;
     row_range(c * M, t, nt, &lo, &hi);
     for (i64 r = lo; r < hi; r++) {
@@ -190,9 +195,9 @@ void vsn_elu(i64 c, i64 M, i64 dh, const float *x, const float *A, const float *
 
 /* ---- f = (f + bias) * keep * scale, with the dropout mask of variables j0.. ---------------- */
 
-CLONES static void bias_dropout_rows(i64 c, i64 M, i64 dh, i64 j0, uint64_t seed,
-                                     uint32_t threshold, float scale, const float *bias,
-                                     float *f, float *sums, int t, int nt) {
+static void bias_dropout_rows(i64 c, i64 M, i64 dh, i64 j0, uint64_t seed,
+                              uint32_t threshold, float scale, const float *bias,
+                              float *f, float *sums, int t, int nt) {
     i64 lo, hi;
     row_range(c * M, t, nt, &lo, &hi);
     for (i64 r = lo; r < hi; r++) {
@@ -286,10 +291,10 @@ static inline float normalized_row(const Gate *q, i64 h, i64 m, const float *gr,
     return rstd;
 }
 
-CLONES static void gate_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
-                             float scale, const float *s, const float *u, const float *v,
-                             const float *R0, const float *R1, const float *R2,
-                             const float *gamma, const float *beta, float *out, int t, int nt) {
+static void gate_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
+                      float scale, const float *s, const float *u, const float *v,
+                      const float *R0, const float *R1, const float *R2,
+                      const float *gamma, const float *beta, float *out, int t, int nt) {
     float z[MAX_HIDDEN];
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
@@ -377,12 +382,12 @@ static inline void gate_row_backward(const Gate *q, i64 h, i64 m, const float *g
 /* Partial sums per thread and variable, in this order, each h wide except d_bias (2h). */
 enum { P_GAMMA, P_BETA, P_R0, P_R1, P_R2, P_BIAS, P_WIDTH = 7 };
 
-CLONES static void gate_backward_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
-                                      float scale, const float *s, const float *u,
-                                      const float *v, const float *R0, const float *R1,
-                                      const float *R2, const float *gamma, const float *beta,
-                                      const float *d_out, float *d_g, float *d_s, float *d_u,
-                                      float *d_v, float *part, int t, int nt) {
+static void gate_backward_rows(i64 c, i64 M, i64 h, const float *g, const float *bias,
+                               float scale, const float *s, const float *u,
+                               const float *v, const float *R0, const float *R1,
+                               const float *R2, const float *gamma, const float *beta,
+                               const float *d_out, float *d_g, float *d_s, float *d_u,
+                               float *d_v, float *part, int t, int nt) {
     float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
@@ -454,11 +459,11 @@ static inline void grn_row(i64 dh, i64 h2, float xv, const float *A, const float
     }
 }
 
-CLONES static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
-                                const float *C, const float *W2, const float *b2,
-                                const float *Wg, uint64_t seed, uint32_t threshold,
-                                const Gate *q0, const float *s, float *out, float *f_out,
-                                float *g_out, int t, int nt) {
+static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
+                         const float *C, const float *W2, const float *b2,
+                         const float *Wg, uint64_t seed, uint32_t threshold,
+                         const Gate *q0, const float *s, float *out, float *f_out,
+                         float *g_out, int t, int nt) {
     float a[MAX_HIDDEN], f[MAX_HIDDEN], z[MAX_HIDDEN];
     float g_row[2 * MAX_HIDDEN];
     i64 lo, hi;
@@ -501,10 +506,10 @@ void vsn_forward(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, co
                  thread_id(), team());
 }
 
-CLONES static void grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x,
-                            const float *A, const float *C, const float *W2, const float *b2,
-                            const float *Wg, uint64_t seed, uint32_t threshold, float *f_out,
-                            float *g_out, int t, int nt) {
+static void grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x,
+                     const float *A, const float *C, const float *W2, const float *b2,
+                     const float *Wg, uint64_t seed, uint32_t threshold, float *f_out,
+                     float *g_out, int t, int nt) {
     float a[MAX_HIDDEN];
     i64 lo, hi;
     row_range(c * M, t, nt, &lo, &hi);
@@ -545,15 +550,15 @@ static inline void times_transposed(i64 n_o, i64 dh, const float *d, const float
  * vsn_gate_norm_sum_backward (P_WIDTH h), then d_b2, d_A, d_C (dh each). */
 enum { R_B2, R_A, R_C, R_WIDTH = 3 };
 
-CLONES static void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
-                                 float scale, const float *s, const float *u, const float *v,
-                                 const float *R0, const float *R1, const float *R2,
-                                 const float *gamma, const float *beta, const float *d_out,
-                                 const float *x, const float *A, const float *C,
-                                 const float *W2T, const float *WgT, i64 j0, uint64_t seed,
-                                 uint32_t threshold, float *d_g, float *d_fp, float *a_out,
-                                 float *d_s, float *d_u, float *d_v, float *d_x, float *part,
-                                 int t, int nt) {
+static void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
+                          float scale, const float *s, const float *u, const float *v,
+                          const float *R0, const float *R1, const float *R2,
+                          const float *gamma, const float *beta, const float *d_out,
+                          const float *x, const float *A, const float *C,
+                          const float *W2T, const float *WgT, i64 j0, uint64_t seed,
+                          uint32_t threshold, float *d_g, float *d_fp, float *a_out,
+                          float *d_s, float *d_u, float *d_v, float *d_x, float *part,
+                          int t, int nt) {
     float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
     float df[MAX_HIDDEN], da[MAX_HIDDEN];
     const i64 width = P_WIDTH * h + R_WIDTH * dh;
@@ -634,8 +639,8 @@ void vsn_backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float 
 
 #define DROPOUT_BLOCK 1024 /* elements that share a row key */
 
-CLONES static void dropout_blocks(i64 n, uint64_t seed, uint32_t threshold, float scale,
-                                  const float *in, float *out, int t, int nt) {
+static void dropout_blocks(i64 n, uint64_t seed, uint32_t threshold, float scale,
+                           const float *in, float *out, int t, int nt) {
     i64 lo, hi;
     row_range((n + DROPOUT_BLOCK - 1) / DROPOUT_BLOCK, t, nt, &lo, &hi);
     for (i64 b = lo; b < hi; b++) {
@@ -660,7 +665,7 @@ void dropout_flat(i64 n, uint64_t seed, uint32_t threshold, float scale, const f
 
 /* ---- GateAddNorm: LayerNorm(GLU(g) + skip), the TFT's other gates --------------------------- */
 
-CLONES static void gate_add_norm_rows(i64 M, i64 h, const Gate *q, float *out, int t, int nt) {
+static void gate_add_norm_rows(i64 M, i64 h, const Gate *q, float *out, int t, int nt) {
     float z[MAX_HIDDEN];
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
@@ -682,9 +687,9 @@ void gate_add_norm(i64 M, i64 h, const float *g, const float *bias, const float 
     gate_add_norm_rows(M, h, &q, out, thread_id(), team());
 }
 
-CLONES static void gate_add_norm_backward_rows(i64 M, i64 h, const Gate *q, const float *d_out,
-                                               float *d_g, float *d_skip, float *part, int t,
-                                               int nt) {
+static void gate_add_norm_backward_rows(i64 M, i64 h, const Gate *q, const float *d_out,
+                                        float *d_g, float *d_skip, float *part, int t,
+                                        int nt) {
     float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
     GateSums acc = {part, part + h, NULL, NULL, NULL, part + 2 * h};
     i64 lo, hi;
@@ -713,9 +718,9 @@ void gate_add_norm_backward(i64 M, i64 h, const float *g, const float *bias, con
 
 /* ---- ELU's backward and the folded fc1 ------------------------------------------------------ */
 
-CLONES static void elu_backward_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
-                                     const float *a, const float *d_a, float *d_x,
-                                     float *part, int t, int nt) {
+static void elu_backward_rows(i64 c, i64 M, i64 dh, const float *x, const float *A,
+                              const float *a, const float *d_a, float *d_x,
+                              float *part, int t, int nt) {
     i64 lo, hi;
     row_range(c * M, t, nt, &lo, &hi);
     for (i64 r = lo; r < hi; r++) {
@@ -748,10 +753,28 @@ void vsn_elu_backward(i64 c, i64 M, i64 dh, const float *x, const float *A, cons
     }
 }
 
-/* ---- the module that setuptools builds around it ----------------------------------------- */
+/* ---- which build this CPU runs, and the module that setuptools builds around it ----------- */
+
+/* The x86-64 microarchitecture level of this CPU (4: AVX-512, 3: AVX2 and FMA, 1 below or not
+ * x86): asked of this file's baseline build, which runs on any CPU. */
+int vsn_x86_level(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return 4;
+    if (__builtin_cpu_supports("x86-64-v3")) return 3;
+#endif
+    return 1;
+}
+
+int vsn_vector_width(void) { return VL; }
+
+#define STR_(a) #a
+#define STR(a) STR_(a)
+#define INIT_(name) PyInit_##name
+#define INIT(name) INIT_(name)
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_vsn_kernels", "C kernels called through ctypes", -1, NULL,
+    PyModuleDef_HEAD_INIT, STR(MODULE), "C kernels called through ctypes", -1, NULL,
     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__vsn_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC INIT(MODULE)(void) { return PyModule_Create(&module); }

@@ -73,10 +73,15 @@ class Gate(NamedTuple):
         return [_ptr(g), _ptr(bias), scale, *map(_ptr, rest)]
 
 
+# the builds of _vsn_kernels.c (setup.py), the widest vectors first, and the x86-64 level each
+# needs (4: AVX-512, 3: AVX2 and FMA; 1: any CPU)
+BUILDS = {"_vsn_kernels_avx512": 4, "_vsn_kernels_avx2": 3, "_vsn_kernels": 1}
+
+
 @cache
-def library() -> ctypes.CDLL | None:
-    """The built C library, or None where `pip install` could not build it."""
-    spec = importlib.util.find_spec("foxhunt.models._vsn_kernels")
+def load(build: str) -> ctypes.CDLL | None:
+    """One build of the C library, or None where `pip install` could not build it."""
+    spec = importlib.util.find_spec(f"foxhunt.models.{build}")
     if spec is None or spec.origin is None:
         return None
     lib = ctypes.CDLL(spec.origin)  # loaded after torch: OpenMP is the runtime torch loaded
@@ -84,6 +89,21 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = [_TYPES[c] for c in letters.replace(" ", "")]
         getattr(lib, name).restype = None
     return lib
+
+
+def builds() -> list[str]:
+    """The builds this CPU runs, the widest first; the baseline build, which runs anywhere,
+    says the CPU's level."""
+    base = load("_vsn_kernels")
+    level = base.vsn_x86_level() if base is not None else 0
+    return [b for b, need in BUILDS.items() if need <= level and load(b) is not None]
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The build with the widest vectors this CPU runs, or None where none was built."""
+    runs = builds()
+    return load(runs[0]) if runs else None
 
 
 def available(x: Tensor, hidden: int = LANES) -> bool:
