@@ -105,6 +105,7 @@ def trials_of(summary: dict) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=summary["study"], storage=storage).get_trials()
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 def test_the_study_finds_the_planted_feature_set(tmp_path):
     data = write_panel(tmp_path / "planted.parquet", signal_weight=3.0)
     space = {
@@ -129,6 +130,7 @@ def test_the_study_finds_the_planted_feature_set(tmp_path):
     assert sel["dsr"]["significant"], sel  # a real edge survives the deflation
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 def test_selection_on_noise_is_called_what_it_is(tmp_path):
     """20 trials on pure noise: the best looks good, DSR sees through it, PBO is above 0.5.
     PBO on noise is 0.5 in expectation and varies from panel to panel (measured on five noise
@@ -146,6 +148,7 @@ def test_selection_on_noise_is_called_what_it_is(tmp_path):
     assert sel["pbo"]["pbo"] > 0.5, sel
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 def test_the_study_never_reads_a_test_period(tmp_path):
     path = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
     args = overrides(path, tmp_path, "tune.trials=2")
@@ -167,6 +170,7 @@ def test_the_study_never_reads_a_test_period(tmp_path):
     assert fold["splits"]["cuts"]["test_end"] == fold["splits"]["cuts"]["test_start"]
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 def test_a_killed_study_continues_with_the_same_command(tmp_path):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
     args = overrides(data, tmp_path, "tune.trials=3", "tune.folds=1", "optim.schedule_steps=100")
@@ -193,6 +197,7 @@ def postgres_url() -> str:
     return url
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 @pytest.mark.parametrize("store", ["journal", "postgresql"])
 def test_two_workers_share_one_study(tmp_path, store):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
@@ -210,6 +215,7 @@ def test_two_workers_share_one_study(tmp_path, store):
     assert len({tuple(sorted(t.params.items())) for t in trials}) == 4  # none twice
 
 
+@pytest.mark.slow  # a whole study: trials trained end to end
 def test_multirun_jobs_are_workers_and_the_plain_command_refits(tmp_path):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
     args = overrides(data, tmp_path, "tune.trials=3", "tune.folds=1")
