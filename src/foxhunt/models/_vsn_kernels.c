@@ -756,12 +756,18 @@ void vsn_elu_backward(i64 c, i64 M, i64 dh, const float *x, const float *A, cons
 /* ---- which build this CPU runs, and the module that setuptools builds around it ----------- */
 
 /* The x86-64 microarchitecture level of this CPU (4: AVX-512, 3: AVX2 and FMA, 1 below or not
- * x86): asked of this file's baseline build, which runs on any CPU. */
+ * x86): asked of this file's baseline build, which runs on any CPU. Feature by feature, as
+ * not every compiler names the levels in __builtin_cpu_supports; what a level adds beyond
+ * these (F16C, LZCNT, MOVBE; AVX-512CD) every CPU with them has. */
 int vsn_x86_level(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return 4;
-    if (__builtin_cpu_supports("x86-64-v3")) return 3;
+    const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const int v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    if (v3 && v4) return 4;
+    if (v3) return 3;
 #endif
     return 1;
 }
