@@ -7,7 +7,9 @@
  * over a [variables, rows, hidden] tensor, about ten per direction; they took two thirds of the
  * fused selection's time at bench config S, and inductor's C++ code for them was slower than
  * the eager passes (docs/performance.md). The large matmuls stay with PyTorch (MKL, oneDNN);
- * with a small variable_dim the selection's forward does its own, row by row. Python calls
+ * with a small variable_dim the selection does its own, row by row, forward and backward (with
+ * tft_small's 16 its g = f Wg, [variables, rows, 2 hidden], was the largest tensor of a step,
+ * and writing it, reading it back and its gradient bounded the selection's time). Python calls
  * these through ctypes (foxhunt/models/cpu_kernels.py) with pointers to float32 tensors it
  * allocated, so this file allocates nothing and the memory estimator, which traces the Python
  * side, sees every buffer. A CPython module only in name: its PyInit exists so that setuptools
@@ -62,12 +64,20 @@ static inline void store(float *p, vf v) { *(vf_u *)p = v; }
 static inline vf splat(float x) { return (vf){0} + x; }
 static inline vf blend(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 
-static inline float hsum(vf v) { /* a tree of halves: a chain of VL adds waits on each */
-    float t[VL];
-    memcpy(t, &v, sizeof t);
-    for (int w = VL / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) t[i] += t[i + w];
-    return t[0];
+/* The sum of a vector's lanes: a tree of halves in registers (a chain of VL adds would wait on
+ * each, and lanes written to memory and read back one by one waited on the store). */
+static inline float hsum(vf v) {
+    /* each step adds the upper half of what is left onto its lower half (the lanes a mask
+     * leaves out are 0: what they get is not used) */
+#if VL >= 16
+    v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15});
+#endif
+#if VL >= 8
+    v += __builtin_shuffle(v, (vi){4, 5, 6, 7});
+#endif
+    v += __builtin_shuffle(v, (vi){2, 3});
+    v += __builtin_shuffle(v, (vi){1});
+    return v[0];
 }
 
 /* exp(x) to about 2 ulp (Cephes' expf polynomial) in vector operations: libm's expf is a call
@@ -427,11 +437,11 @@ void vsn_gate_norm_sum_backward(i64 c, i64 M, i64 h, const float *g, const float
 
 /* ---- the whole forward of a variable's rows, for a small variable_dim ----------------------- */
 
-/* Row m of variable j from its scalar x: a = ELU(x A + C), f = (a W2 + b2) keep, g = f Wg (raw,
- * as the matmul would leave it), each dh or 2h wide, in registers and the scratch given. */
-static inline void grn_row(i64 dh, i64 h2, float xv, const float *A, const float *C,
-                           const float *W2, const float *b2, const float *Wg, uint64_t seed,
-                           uint32_t threshold, uint64_t start, float *a, float *f, float *g) {
+/* Row m of variable j from its scalar x: a = ELU(x A + C) and f = (a W2 + b2) keep, each dh
+ * wide, into the scratch given. */
+static inline void fc2_row(i64 dh, float xv, const float *A, const float *C, const float *W2,
+                           const float *b2, uint64_t seed, uint32_t threshold, uint64_t start,
+                           float *a, float *f) {
     for (i64 k = 0; k < dh; k += VL) {
         vf h1 = xv * load(A + k) + load(C + k);
         store(a + k, blend(h1 > 0.0f, h1, vexp(h1) - 1.0f));
@@ -447,23 +457,53 @@ static inline void grn_row(i64 dh, i64 h2, float xv, const float *A, const float
 #pragma omp simd
         for (i64 k = 0; k < dh; k++) f[k] *= kept(key, start, k, threshold);
     }
-    for (i64 o = 0; o < h2; o += 2 * VL) { /* h2 = 2h, a multiple of 32 */
-        vf acc[4] = {{0}};
-        for (i64 i = 0; i < dh; i += 2)
-            for (int u = 0; u < 2; u++) {
-                acc[2 * u] += f[i + u] * load(Wg + (i + u) * h2 + o);
-                acc[2 * u + 1] += f[i + u] * load(Wg + (i + u) * h2 + o + VL);
-            }
-        store(g + o, acc[0] + acc[2]);
-        store(g + o + VL, acc[1] + acc[3]);
+}
+
+/* acc [K, N] += sum_r p[r, :K]^T q[r, :N] over nb rows (p's rows ldp apart, q's N wide): the
+ * outer products of a block of rows, or with K = 1 a row times a matrix. B vectors of a row of
+ * acc at a time stay in registers through the rows: B sums that do not wait on each other. */
+static inline __attribute__((always_inline)) void add_outer_cols(i64 nb, i64 K, i64 N, i64 o0,
+                                                                 int B, const float *p, i64 ldp,
+                                                                 const float *q, float *acc) {
+    for (i64 i = 0; i < K; i++) {
+        float *a = acc + i * N + o0;
+        vf sum[8];
+        for (int b = 0; b < B; b++) sum[b] = load(a + b * VL);
+        for (i64 r = 0; r < nb; r++) {
+            const float pr = p[r * ldp + i], *qr = q + r * N + o0;
+            for (int b = 0; b < B; b++) sum[b] += pr * load(qr + b * VL);
+        }
+        for (int b = 0; b < B; b++) store(a + b * VL, sum[b]);
     }
 }
 
-static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
+static inline void add_outer(i64 nb, i64 K, i64 N, const float *p, i64 ldp, const float *q,
+                             float *acc) {
+    const i64 vectors = N / VL;
+    const int B = vectors % 8 == 0 ? 8 : vectors % 4 == 0 ? 4 : vectors % 2 == 0 ? 2 : 1;
+    for (i64 o0 = 0; o0 < N; o0 += B * VL) { /* (each B its own copy, its loops unrolled) */
+        if (B == 8)
+            add_outer_cols(nb, K, N, o0, 8, p, ldp, q, acc);
+        else if (B == 4)
+            add_outer_cols(nb, K, N, o0, 4, p, ldp, q, acc);
+        else if (B == 2)
+            add_outer_cols(nb, K, N, o0, 2, p, ldp, q, acc);
+        else
+            add_outer_cols(nb, K, N, o0, 1, p, ldp, q, acc);
+    }
+}
+
+/* g (h2 = 2h wide) = f Wg, raw, as the matmul would leave it. */
+static inline void gate_matmul_row(i64 dh, i64 h2, const float *f, const float *Wg, float *g) {
+    for (i64 o = 0; o < h2; o += VL) store(g + o, (vf){0});
+    add_outer(dh, 1, h2, f, 1, Wg, g);
+}
+
+static inline __attribute__((always_inline)) void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
                          const float *C, const float *W2, const float *b2,
                          const float *Wg, uint64_t seed, uint32_t threshold,
                          const Gate *q0, const float *s, float *out, float *f_out,
-                         float *g_out, int t, int nt) {
+                         int t, int nt) {
     float a[MAX_HIDDEN], f[MAX_HIDDEN], z[MAX_HIDDEN];
     float g_row[2 * MAX_HIDDEN];
     i64 lo, hi;
@@ -476,10 +516,10 @@ static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const floa
         for (i64 m = lo; m < hi; m++) {
             const i64 r = j * M + m;
             float *fr = f_out ? f_out + r * dh : f;
-            float *gr = g_out ? g_out + r * 2 * h : g_row;
-            grn_row(dh, 2 * h, x[r], Aj, Cj, W2j, b2j, Wgj, seed, threshold,
-                    (uint64_t)r * (uint64_t)dh, a, fr, gr);
-            normalized_row(&q, h, m, gr, z, NULL, NULL);
+            fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold, (uint64_t)r * (uint64_t)dh, a,
+                    fr);
+            gate_matmul_row(dh, 2 * h, fr, Wgj, g_row);
+            normalized_row(&q, h, m, g_row, z, NULL, NULL);
             const float w = s[r];
             float *o = out + m * h;
             for (i64 k = 0; k < h; k += VL)
@@ -491,147 +531,161 @@ static void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const floa
 /* The whole forward of the n variables at once, for variable_dim % 16 == 0 (and small: the
  * matmuls run here row by row, where MKL's would write g first): out [M, h] +=
  * sum_j s_j LayerNorm_j(GLU(scale g_j + bg_j) + skip_j) with f_j = (ELU(x_j A_j + C_j) W2_j
- * + b2_j) keep_j and g_j = f_j Wg_j; f_out [n, M, dh] and g_out [n, M, 2h] receive f and g
- * when given (training keeps them for backward). */
+ * + b2_j) keep_j and g_j = f_j Wg_j; f_out [n, M, dh] receives f when given (training keeps
+ * it for backward, which makes g again from it). */
 void vsn_forward(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, const float *C,
                  const float *W2, const float *b2, const float *Wg, const float *bg,
                  uint64_t seed, uint32_t threshold, float scale, const float *s, const float *u,
                  const float *v, const float *R0, const float *R1, const float *R2,
-                 const float *gamma, const float *beta, float *out, float *f_out, float *g_out,
+                 const float *gamma, const float *beta, float *out, float *f_out,
                  int nthreads) {
     int nt = threads(nthreads);
     Gate q0 = {NULL, bg, u, v, R0, R1, R2, gamma, beta, scale, NULL};
 #pragma omp parallel num_threads(nt)
-    forward_rows(n, M, dh, h, x, A, C, W2, b2, Wg, seed, threshold, &q0, s, out, f_out, g_out,
-                 thread_id(), team());
-}
-
-static void grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x,
-                     const float *A, const float *C, const float *W2, const float *b2,
-                     const float *Wg, uint64_t seed, uint32_t threshold, float *f_out,
-                     float *g_out, int t, int nt) {
-    float a[MAX_HIDDEN];
-    i64 lo, hi;
-    row_range(c * M, t, nt, &lo, &hi);
-    for (i64 r = lo; r < hi; r++) {
-        const i64 j = r / M;
-        grn_row(dh, 2 * h, x[r], A + j * dh, C + j * dh, W2 + j * dh * dh, b2 + j * dh,
-                Wg + j * dh * 2 * h, seed, threshold, (uint64_t)(j0 * M + r) * (uint64_t)dh, a,
-                f_out + r * dh, g_out + r * 2 * h);
+    {
+        int t = thread_id(), tn = team();
+        if (dh == 16) /* tft_small's: its loops unrolled */
+            forward_rows(n, M, 16, h, x, A, C, W2, b2, Wg, seed, threshold, &q0, s, out, f_out, t,
+                         tn);
+        else
+            forward_rows(n, M, dh, h, x, A, C, W2, b2, Wg, seed, threshold, &q0, s, out, f_out, t,
+                         tn);
     }
-}
-
-/* f [c, M, dh] and g [c, M, 2h] of vsn_forward again, for variables j0..j0+c-1 (the chunk's
- * x, A, C, W2, b2, Wg): backward's recompute mode, computed as the forward computed them. */
-void vsn_grn_rows(i64 c, i64 M, i64 dh, i64 h, i64 j0, const float *x, const float *A,
-                  const float *C, const float *W2, const float *b2, const float *Wg,
-                  uint64_t seed, uint32_t threshold, float *f_out, float *g_out, int nthreads) {
-    int nt = threads(nthreads);
-#pragma omp parallel num_threads(nt)
-    grn_rows(c, M, dh, h, j0, x, A, C, W2, b2, Wg, seed, threshold, f_out, g_out, thread_id(),
-             team());
 }
 
 /* ---- the backward, for a small variable_dim ---------------------------------------------- */
 
-/* out (dh wide) = sum_o d[o] WT[o, :] for WT [n_o, dh]: a row times a transposed weight, in
- * four sums (one would wait on each FMA). */
+/* out (dh wide) = sum_o d[o] WT[o, :] for WT [n_o, dh] (n_o a multiple of 16): a row times a
+ * transposed weight, in eight sums (one would wait on each FMA: 2h of them at dh = VL). */
 static inline void times_transposed(i64 n_o, i64 dh, const float *d, const float *WT,
                                     float *out) {
     for (i64 k = 0; k < dh; k += VL) {
-        vf acc[4] = {{0}};
-        for (i64 o = 0; o < n_o; o += 4)
-            for (int u = 0; u < 4; u++) acc[u] += d[o + u] * load(WT + (o + u) * dh + k);
-        store(out + k, (acc[0] + acc[1]) + (acc[2] + acc[3]));
+        vf acc[8] = {{0}};
+        for (i64 o = 0; o < n_o; o += 8)
+            for (int u = 0; u < 8; u++) acc[u] += d[o + u] * load(WT + (o + u) * dh + k);
+        store(out + k, ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                           ((acc[4] + acc[5]) + (acc[6] + acc[7])));
     }
 }
 
-/* Partial sums per thread and variable of vsn_backward_rows, in this order: those of
- * vsn_gate_norm_sum_backward (P_WIDTH h), then d_b2, d_A, d_C (dh each). */
+/* Partial sums per thread and variable of vsn_backward_rows, after those of
+ * vsn_gate_norm_sum_backward (P_WIDTH h): d_b2, d_A, d_C (dh each), d_Wg (dh x 2h, without the
+ * dropout scale), d_W2 (dh x dh). */
 enum { R_B2, R_A, R_C, R_WIDTH = 3 };
+#define BLOCK_FLOATS 16384 /* a block of rows' scratch on the stack: 64 KB */
+#define BLOCK_ROWS 8       /* at most */
 
-static void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
-                          float scale, const float *s, const float *u, const float *v,
-                          const float *R0, const float *R1, const float *R2,
-                          const float *gamma, const float *beta, const float *d_out,
-                          const float *x, const float *A, const float *C,
-                          const float *W2T, const float *WgT, i64 j0, uint64_t seed,
-                          uint32_t threshold, float *d_g, float *d_fp, float *a_out,
-                          float *d_s, float *d_u, float *d_v, float *d_x, float *part,
-                          int t, int nt) {
-    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN];
-    float df[MAX_HIDDEN], da[MAX_HIDDEN];
-    const i64 width = P_WIDTH * h + R_WIDTH * dh;
+static inline __attribute__((always_inline)) void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *bias, float scale,
+                          const float *s, const float *u, const float *v, const float *R0,
+                          const float *R1, const float *R2, const float *gamma,
+                          const float *beta, const float *d_out, const float *x, const float *A,
+                          const float *C, const float *W2, const float *b2, const float *Wg,
+                          const float *W2T, const float *WgT, const float *f, uint64_t seed,
+                          uint32_t threshold, float *d_s, float *d_u, float *d_v, float *d_x,
+                          float *part, int t, int nt) {
+    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN], gr[2 * MAX_HIDDEN];
+    float df[MAX_HIDDEN], da[MAX_HIDDEN], block[BLOCK_FLOATS];
+    const i64 h2 = 2 * h, width = P_WIDTH * h + R_WIDTH * dh + dh * h2 + dh * dh;
+    /* a block of rows: their f, d_g (of scale g + bias), ELU's output a and d_fp (the
+     * gradient of fc2's output) for the weights' gradients */
+    i64 R = BLOCK_FLOATS / (h2 + 3 * dh);
+    R = R > BLOCK_ROWS ? BLOCK_ROWS : R;
+    float *fb = block, *dgb = fb + R * dh, *ab = dgb + R * h2, *dfb = ab + R * dh;
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
     for (i64 j = 0; j < c; j++) {
-        Gate q = gate_of(j, M, h, g, bias, scale, u, v, R0, R1, R2, gamma, beta);
+        Gate q = gate_of(j, M, h, NULL, bias, scale, u, v, R0, R1, R2, gamma, beta);
         float *p = part + j * width, *pb2 = p + P_WIDTH * h + R_B2 * dh;
         float *pA = p + P_WIDTH * h + R_A * dh, *pC = p + P_WIDTH * h + R_C * dh;
+        float *pWg = p + P_WIDTH * h + R_WIDTH * dh, *pW2 = pWg + dh * h2;
         GateSums acc = {p + P_GAMMA * h, p + P_BETA * h, p + P_R0 * h,
                         p + P_R1 * h,    p + P_R2 * h,   p + P_BIAS * h};
-        const float *Aj = A + j * dh, *Cj = C + j * dh;
-        const float *W2Tj = W2T + j * dh * dh, *WgTj = WgT + j * 2 * h * dh;
-        for (i64 m = lo; m < hi; m++) {
-            const i64 r = j * M + m;
-            const uint64_t start = (uint64_t)(j0 * M + r) * (uint64_t)dh;
-            float *dg = d_g + r * 2 * h, dv;
-            gate_row_backward(&q, h, m, q.g + m * 2 * h, s[r], d_out + m * h, acc, dg, d_s + r,
-                              d_u + r, &dv, NULL, xh, ga, sg, dx);
-            if (d_v) d_v[r] = dv;
-            /* g = f Wg, its dropout scale on the gate: d f = scale d_g Wg^T; then the mask */
-            times_transposed(2 * h, dh, dg, WgTj, df);
-            float *dfp = d_fp + r * dh, *ar = a_out + r * dh;
-            const uint32_t key = row_key(seed, start);
+        const float *Aj = A + j * dh, *Cj = C + j * dh, *W2j = W2 + j * dh * dh;
+        const float *b2j = b2 + j * dh, *Wgj = Wg + j * dh * h2;
+        const float *W2Tj = W2T + j * dh * dh, *WgTj = WgT + j * h2 * dh;
+        for (i64 m0 = lo; m0 < hi; m0 += R) {
+            const i64 nb = hi - m0 < R ? hi - m0 : R;
+            /* f as the forward kept it, or (recompute mode) as it made it */
+            const float *fj = f ? f + (j * M + m0) * dh : fb;
+            for (i64 b = 0; b < nb; b++) {
+                const i64 m = m0 + b, r = j * M + m;
+                const uint64_t start = (uint64_t)r * (uint64_t)dh;
+                float *fr = (float *)fj + b * dh, *dg = dgb + b * h2, *ar = ab + b * dh;
+                float *dfp = dfb + b * dh, dv;
+                if (!f) fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold, start, ar, fr);
+                gate_matmul_row(dh, h2, fr, Wgj, gr);
+                gate_row_backward(&q, h, m, gr, s[r], d_out + m * h, acc, dg, d_s + r,
+                                  d_u + r, &dv, NULL, xh, ga, sg, dx);
+                if (d_v) d_v[r] = dv;
+                /* g = f Wg, its dropout scale on the gate: d f = scale d_g Wg^T; then the
+                 * mask */
+                times_transposed(h2, dh, dg, WgTj, df);
+                const uint32_t key = row_key(seed, start);
 #pragma omp simd
-            for (i64 k = 0; k < dh; k++) {
-                float d = df[k] * scale;
-                if (threshold) d *= kept(key, start, k, threshold);
-                dfp[k] = d;
-                pb2[k] += d;
+                for (i64 k = 0; k < dh; k++) {
+                    float d = df[k] * scale;
+                    if (threshold) d *= kept(key, start, k, threshold);
+                    dfp[k] = d;
+                    pb2[k] += d;
+                }
+                /* f before its mask = a W2 + b2, a = ELU(x A + C): ELU' is 1 where a > 0,
+                 * else a + 1 */
+                times_transposed(dh, dh, dfp, W2Tj, da);
+                vf dxv = {0};
+                const float xv = x[r];
+                for (i64 k = 0; k < dh; k += VL) {
+                    vf h1 = xv * load(Aj + k) + load(Cj + k);
+                    vf ak = blend(h1 > 0.0f, h1, vexp(h1) - 1.0f);
+                    store(ar + k, ak);
+                    vf d = load(da + k) * blend(ak > 0.0f, splat(1.0f), ak + 1.0f);
+                    store(pA + k, load(pA + k) + xv * d);
+                    store(pC + k, load(pC + k) + d);
+                    dxv += d * load(Aj + k);
+                }
+                if (d_x) d_x[r] = hsum(dxv);
             }
-            /* f before its mask = a W2 + b2, a = ELU(x A + C): ELU' is 1 where a > 0, else
-             * a + 1 */
-            times_transposed(dh, dh, dfp, W2Tj, da);
-            vf dxv = {0};
-            const float xv = x[r];
-            for (i64 k = 0; k < dh; k += VL) {
-                vf h1 = xv * load(Aj + k) + load(Cj + k);
-                vf ak = blend(h1 > 0.0f, h1, vexp(h1) - 1.0f);
-                store(ar + k, ak);
-                vf d = load(da + k) * blend(ak > 0.0f, splat(1.0f), ak + 1.0f);
-                store(pA + k, load(pA + k) + xv * d);
-                store(pC + k, load(pC + k) + d);
-                dxv += d * load(Aj + k);
+            if (nb == BLOCK_ROWS) { /* (unrolled) */
+                add_outer(BLOCK_ROWS, dh, h2, fj, dh, dgb, pWg);
+                add_outer(BLOCK_ROWS, dh, dh, ab, dh, dfb, pW2);
+            } else {
+                add_outer(nb, dh, h2, fj, dh, dgb, pWg);
+                add_outer(nb, dh, dh, ab, dh, dfb, pW2);
             }
-            if (d_x) d_x[r] = hsum(dxv);
         }
     }
 }
 
-/* vsn_gate_norm_sum_backward for a small variable_dim (dh % 16 == 0), continued through fc2
- * and ELU row by row: besides d_g [c, M, 2h] (of scale g + bias), d_fp [c, M, dh] (the gradient
- * of f before its mask, fc2's output) and a_out [c, M, dh] (ELU's output), which MKL turns into
- * Wg's and W2's gradients; d_s, d_u, d_v, d_x [c, M] (d_v, d_x may be NULL); per-thread partial
- * sums part [nthreads, c, 7h + 3dh] (zeroed here) of d_gamma, d_beta, d_R0, d_R1, d_R2, d_bias
- * (2h), d_b2, d_A, d_C. W2T [c, dh, dh] and WgT [c, 2h, dh] are W2 and Wg transposed; the mask
- * is the forward's, of variables j0.. from `seed`. */
-void vsn_backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *g, const float *bias,
-                       float scale, const float *s, const float *u, const float *v,
-                       const float *R0, const float *R1, const float *R2, const float *gamma,
-                       const float *beta, const float *d_out, const float *x, const float *A,
-                       const float *C, const float *W2T, const float *WgT, i64 j0, uint64_t seed,
-                       uint32_t threshold, float *d_g, float *d_fp, float *a_out, float *d_s,
-                       float *d_u, float *d_v, float *d_x, float *part, int nthreads) {
+/* vsn_gate_norm_sum_backward for a small variable_dim (dh % 16 == 0), continued through the
+ * GLU's matmul, fc2 and ELU row by row, the weights' gradients added up here too: no tensor of
+ * [c, M, 2h] is read or written. g = f Wg is made again from f [c, M, dh] (fc2's output, its
+ * mask applied, as vsn_forward kept it), or with f NULL (recompute mode) f too from x. Fills
+ * d_s, d_u, d_v, d_x [c, M] (d_v, d_x may be NULL) and per-thread partial sums part [nthreads,
+ * c, 7h + 3dh + 2h dh + dh dh] (zeroed here) of d_gamma, d_beta, d_R0, d_R1, d_R2, d_bias (2h),
+ * d_b2, d_A, d_C, d_Wg (of g, without the dropout scale) and d_W2. W2T [c, dh, dh] and WgT
+ * [c, 2h, dh] are W2 and Wg transposed; the mask is the forward's, drawn from `seed`. */
+void vsn_backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *bias, float scale,
+                       const float *s, const float *u, const float *v, const float *R0,
+                       const float *R1, const float *R2, const float *gamma, const float *beta,
+                       const float *d_out, const float *x, const float *A, const float *C,
+                       const float *W2, const float *b2, const float *Wg, const float *W2T,
+                       const float *WgT, const float *f, uint64_t seed, uint32_t threshold,
+                       float *d_s, float *d_u, float *d_v, float *d_x, float *part,
+                       int nthreads) {
     int nt = threads(nthreads);
-    const i64 width = P_WIDTH * h + R_WIDTH * dh;
+    const i64 width = P_WIDTH * h + R_WIDTH * dh + dh * 2 * h + dh * dh;
     memset(part, 0, sizeof(float) * (size_t)(nt * c * width));
 #pragma omp parallel num_threads(nt)
     {
         int t = thread_id();
-        backward_rows(c, M, dh, h, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta, d_out, x,
-                      A, C, W2T, WgT, j0, seed, threshold, d_g, d_fp, a_out, d_s, d_u, d_v, d_x,
-                      part + t * c * width, t, team());
+        float *pt = part + t * c * width;
+        if (dh == 16) /* tft_small's: its loops unrolled */
+            backward_rows(c, M, 16, h, bias, scale, s, u, v, R0, R1, R2, gamma, beta, d_out, x,
+                          A, C, W2, b2, Wg, W2T, WgT, f, seed, threshold, d_s, d_u, d_v, d_x, pt,
+                          t, team());
+        else
+            backward_rows(c, M, dh, h, bias, scale, s, u, v, R0, R1, R2, gamma, beta, d_out, x,
+                          A, C, W2, b2, Wg, W2T, WgT, f, seed, threshold, d_s, d_u, d_v, d_x, pt,
+                          t, team());
     }
 }
 

@@ -27,9 +27,8 @@ _SIGNATURES = {
     "vsn_gate_norm_sum": "iii pp f ppppppppp n",
     "vsn_gate_norm_sum_backward": "iii pp f pppppppppppppp n",
     "vsn_elu_backward": "iii pppppp n",
-    "vsn_forward": "iiii ppppppp s t f ppppppppppp n",
-    "vsn_backward_rows": "iiii pp f pppppppppppppp i s t pppppppp n",
-    "vsn_grn_rows": "iiiii pppppp s t pp n",
+    "vsn_forward": "iiii ppppppp s t f pppppppppp n",
+    "vsn_backward_rows": "iiii p f pppppppppppppppppp s t ppppp n",
     "gate_add_norm": "ii pppppp n",
     "gate_add_norm_backward": "ii ppppppppp n",
     "dropout_flat": "i s t f pp n",
@@ -237,12 +236,11 @@ def forward(
     gamma: Tensor,
     beta: Tensor,
     f_out: Tensor | None = None,
-    g_out: Tensor | None = None,
 ) -> Tensor:
     """The whole fused selection's forward in one pass, its matmuls row by row (for a small
     variable_dim, where MKL's batched matmuls would write g first): sum_j s_j GRN_j(x_j) [M, h].
-    f_out [n, M, dh] and g_out [n, M, 2h], when given, receive fc2's output (bias and mask
-    applied) and the GLU's matmul (before its bias and the dropout scale), as backward needs."""
+    f_out [n, M, dh], when given, receives fc2's output (bias and mask applied), from which
+    `backward_rows` makes the rest again."""
     n, M = x.shape
     dh, h = A.shape[-1], gamma.shape[-1]
     out = x.new_zeros(M, h)
@@ -256,43 +254,10 @@ def forward(
             seed,
             threshold(p),
             scale,
-            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out, f_out, g_out)),
+            *map(_ptr, (s, u, v, R0, R1, R2, gamma, beta, out, f_out)),
             _threads(),
         )
     return out
-
-
-def grn_rows(
-    x: Tensor,
-    A: Tensor,
-    C: Tensor,
-    W2: Tensor,
-    b2: Tensor,
-    Wg: Tensor,
-    first: int,
-    seed: int,
-    p: float,
-    h: int,
-) -> tuple[Tensor, Tensor]:
-    """`forward`'s f [c, M, dh] and g [c, M, 2h] of variables first..first+c-1 again, computed
-    as it computed them (recompute mode's backward)."""
-    c, M = x.shape
-    dh = A.shape[-1]
-    f, g = x.new_empty(c, M, dh), x.new_empty(c, M, 2 * h)
-    if _real(x):
-        library().vsn_grn_rows(
-            c,
-            M,
-            dh,
-            h,
-            first,
-            *map(_ptr, (x, A, C, W2, b2, Wg)),
-            seed,
-            threshold(p),
-            *map(_ptr, (f, g)),
-            _threads(),
-        )
-    return f, g
 
 
 def backward_rows(
@@ -301,43 +266,46 @@ def backward_rows(
     x: Tensor,
     A: Tensor,
     C: Tensor,
-    W2T: Tensor,
-    WgT: Tensor,
-    first: int,
+    W2: Tensor,
+    b2: Tensor,
+    Wg: Tensor,
+    f: Tensor | None,
     seed: int,
     p: float,
     d_s: Tensor,
     d_u: Tensor,
     d_v: Tensor | None,
     d_x: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
-    """`gate_norm_sum_backward` continued through fc2's mask and ELU row by row, for a small
-    variable_dim: (d_g [c, M, 2h], d_fp [c, M, dh] the gradient of fc2's output, a [c, M, dh]
-    ELU's output) for MKL's weight gradients, d_s, d_u, d_v, d_x filled in, and the sums over the
-    rows of GATE_PARTS (bias [c, 2h]) and of b2, A, C ([c, dh] each). W2T, WgT: W2 and Wg
-    transposed; the mask of variables first.. drawn from `seed`, as `bias_dropout` draws it."""
-    c, M, h2 = gate.g.shape
-    h, dh = h2 // 2, A.shape[-1]
-    d_g = torch.empty_like(gate.g)
-    d_fp, a = d_g.new_empty(c, M, dh), d_g.new_empty(c, M, dh)
-    sizes = [h] * (len(GATE_PARTS) - 1) + [2 * h, dh, dh, dh]
-    parts = d_g.new_empty(_threads(), c, sum(sizes))
-    if _real(d_g):
+) -> dict[str, Tensor]:
+    """The whole backward of `forward` row by row, for a small variable_dim: from f [n, M, dh]
+    as `forward` kept it (None: made again from x, recompute mode) it makes g again, and goes
+    back through the gate, fc2's mask and ELU, the weights' gradients added up too: no tensor of
+    [n, M, 2h] is written. Fills d_s, d_u, d_v, d_x [n, M]; returns the sums over the rows of
+    GATE_PARTS (bias [n, 2h]), b2, A, C ([n, dh] each), Wg [n, dh, 2h] and W2 [n, dh, dh]
+    (gate.g is not read: None will do)."""
+    n, M = x.shape
+    h, dh = gate.gamma.shape[-1], A.shape[-1]
+    sizes = [h] * (len(GATE_PARTS) - 1) + [2 * h, dh, dh, dh, dh * 2 * h, dh * dh]
+    parts = x.new_empty(_threads(), n, sum(sizes))
+    if _real(x):
+        W2T, WgT = W2.transpose(1, 2).contiguous(), Wg.transpose(1, 2).contiguous()
         library().vsn_backward_rows(
-            c,
+            n,
             M,
             dh,
             h,
-            *gate.pointers(),
-            *map(_ptr, (d_out, x, A, C, W2T, WgT)),
-            first,
+            *gate.pointers()[1:],
+            *map(_ptr, (d_out, x, A, C, W2, b2, Wg, W2T, WgT, f)),
             seed,
             threshold(p),
-            *map(_ptr, (d_g, d_fp, a, d_s, d_u, d_v, d_x, parts)),
+            *map(_ptr, (d_s, d_u, d_v, d_x, parts)),
             _threads(),
         )
-    sums = parts.sum(0).split(sizes, dim=-1)
-    return d_g, d_fp, a, dict(zip((*GATE_PARTS, "b2", "A", "C"), sums, strict=True))
+    names = (*GATE_PARTS, "b2", "A", "C", "Wg", "W2")
+    sums = dict(zip(names, parts.sum(0).split(sizes, dim=-1), strict=True))
+    sums["Wg"] = sums["Wg"].reshape(n, dh, 2 * h)
+    sums["W2"] = sums["W2"].reshape(n, dh, dh)
+    return sums
 
 
 def gate_add_norm(g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:

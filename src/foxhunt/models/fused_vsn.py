@@ -20,11 +20,11 @@ g = f Wg_j + bg_j; z = GLU(g) + r_j; y = LayerNorm_j(z); out_m = sum_j s_mj y_mj
 
 Two implementations of the same computation: in float32 on a CPU the elementwise chains run in
 C (`cpu_kernels`: each chain one pass instead of about ten, its dropout mask drawn from a seed
-in forward and again in backward, not kept), and with a small variable_dim the whole forward
-does its matmuls row by row there (`row_matmuls`); elsewhere (CUDA, float64, torch.export,
-torch.compile, a hidden size that is not a multiple of 16, or no C compiler at install) the
-PyTorch ops below. The two agree to float32 rounding (tests/models/test_cpu_kernels.py); their
-dropout masks are drawn differently.
+in forward and again in backward, not kept), and with a small variable_dim forward and
+backward do their matmuls row by row there too, keeping only f (`row_matmuls`); elsewhere
+(CUDA, float64, torch.export, torch.compile, a hidden size that is not a multiple of 16, or no
+C compiler at install) the PyTorch ops below. The two agree to float32 rounding
+(tests/models/test_cpu_kernels.py); their dropout masks are drawn differently.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ CHUNK_ELEMENTS = 1024 * 1024
 EXPORT_ROW_ELEMENTS = 1024
 EXPORT_MAX_CHUNKS = 32
 LN_EPS = 1e-5
-# The largest variable_dim for which the kernel path's forward does its matmuls row by row in C:
-# at S (variable_dim 16) MKL's batched matmuls with K = 16 mostly write their output.
+# The largest variable_dim for which the kernel path does its matmuls row by row in C: at S
+# (variable_dim 16) MKL's batched matmuls with K = 16 mostly write their output.
 ROW_MATMUL_MAX_DH = 32
 
 
@@ -354,7 +354,6 @@ def _kernel_forward(
             gamma,
             beta,
             f_all,
-            g_all,
         )
     # nothing dropped and f not kept: fc2's bias rides on the gate's,
     # (a W2 + b2) Wg + bg = (a W2) Wg + (b2 Wg + bg)
@@ -380,10 +379,11 @@ def _kernel_forward(
 
 
 def row_matmuls(dh: int) -> bool:
-    """Whether the kernel path's forward runs in one pass with its matmuls row by row
-    (`cpu_kernels.forward`) for variable_dim `dh`, rather than in chunks around MKL's matmuls.
-    (Backward stays in chunks: its weight gradients are matmuls over all rows, MKL's work; done
-    row by row in C, the forward recomputed, they took 1.6x as long at bench config S.)"""
+    """Whether the kernel path runs forward and backward in one pass each with their matmuls
+    row by row (`cpu_kernels.forward`, `cpu_kernels.backward_rows`) for variable_dim `dh`,
+    rather than in chunks around MKL's matmuls. The backward makes g = f Wg again from f and adds
+    up the weights' gradients itself: at S (tft_small) g and its gradient were 34 MB each a step
+    that MKL's matmuls wrote and read back, and the backward took 1.5x as long with them."""
     return dh <= ROW_MATMUL_MAX_DH and dh % cpu_kernels.LANES == 0
 
 
@@ -397,8 +397,10 @@ class _KernelSelectedGRNs(torch.autograd.Function):
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
         seed = cpu_kernels.draw_seed(x) if dropout else 0
-        f_all = x.new_empty(n, rows, dh) if save and not recompute else None
-        g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
+        keep = save and not recompute
+        f_all = x.new_empty(n, rows, dh) if keep else None
+        # the row path's backward makes g again from f (`cpu_kernels.backward_rows`)
+        g_all = x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
         chunks = _chunks(n, rows, h, x)
         out = _kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
         if save:
@@ -426,29 +428,33 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             return None if t is None else torch.empty_like(t)
 
         d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        d_s, d_A, d_C, d_W2, d_Wg = like(s), like(A), like(C), like(W2), like(Wg)
-        d_u, d_v, d_R0, d_R1, d_R2 = like(u), like(v), like(R0), like(R1), like(R2)
+        d_s, d_u, d_v = like(s), like(u), like(v)
+        if row_matmuls(W2.shape[-1]):
+            # a small variable_dim: the whole backward row by row in C, in one call
+            gate = cpu_kernels.Gate(None, bg, scale, s, u, v, R0, R1, R2, gamma, beta)
+            sums = cpu_kernels.backward_rows(
+                gate, d_out, x, A, C, W2, b2, Wg, f_all, seed, p, d_s, d_u, d_v, d_x
+            )
+            d_Wg, d_W2 = sums["Wg"], sums["W2"]
+            if scale != 1:
+                d_Wg *= scale
+            d_b2, d_A, d_C, d_bg = sums["b2"], sums["A"], sums["C"], sums["bias"]
+            d_gamma, d_beta, d_R0, d_R1 = sums["gamma"], sums["beta"], sums["R0"], sums["R1"]
+            d_R2 = None if R2 is None else sums["R2"]
+            return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2,
+                    d_gamma, d_beta, None, None, None)  # fmt: skip
+        d_A, d_C, d_W2, d_Wg = like(A), like(C), like(W2), like(Wg)
+        d_R0, d_R1, d_R2 = like(R0), like(R1), like(R2)
         d_gamma, d_beta, d_b2, d_bg = like(gamma), like(beta), like(b2), like(bg)
-        # a small variable_dim: the backward goes on through fc2 and ELU row by row in C, and
-        # MKL's matmuls are only those of the weights' gradients
-        row = row_matmuls(W2.shape[-1])
-        W2T, WgT = (
-            (W2.transpose(1, 2).contiguous(), Wg.transpose(1, 2).contiguous())
-            if row
-            else (None, None)
-        )
         for c in _chunks(n, rows, h, x):
-            if g_all is None and row:  # recompute mode: f and g as the forward made them
-                f, g = cpu_kernels.grn_rows(
-                    x[c], A[c], C[c], W2[c], b2[c], Wg[c], c.start, seed, p, h
-                )
-            elif g_all is None:
+            if g_all is None:  # recompute mode: f and g as the forward made them
                 a = cpu_kernels.elu(x[c], A[c], C[c])
                 f = torch.bmm(a, W2[c])
                 cpu_kernels.bias_dropout(f, b2[c], c.start, seed, p)
                 g = torch.bmm(f, Wg[c])
             else:
                 f, g = f_all[c], g_all[c]
+                a = cpu_kernels.elu(x[c], A[c], C[c])
             gate = cpu_kernels.Gate(
                 g,
                 bg[c],
@@ -463,26 +469,7 @@ class _KernelSelectedGRNs(torch.autograd.Function):
                 beta[c],
             )
             d_rows = (d_s[c], d_u[c], *_rows(c, d_v))
-            if row:
-                d_g, d_f, a, sums = cpu_kernels.backward_rows(
-                    gate,
-                    d_out,
-                    x[c],
-                    A[c],
-                    C[c],
-                    W2T[c],
-                    WgT[c],
-                    c.start,
-                    seed,
-                    p,
-                    *d_rows,
-                    None if d_x is None else d_x[c],
-                )
-                d_b2[c], d_A[c], d_C[c] = sums["b2"], sums["A"], sums["C"]
-            else:
-                if g_all is not None:
-                    a = cpu_kernels.elu(x[c], A[c], C[c])
-                d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
+            d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
             del g
             for grad, key in (
                 (d_gamma, "gamma"),
@@ -498,19 +485,16 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             if scale != 1:
                 d_Wg[c] *= scale
             del f
-            if not row:
-                d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
-                # the forward's mask again, the dropout scale with it; fc2's bias gradient
-                d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
+            d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
+            # the forward's mask again, the dropout scale with it; fc2's bias gradient
+            d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
             del d_g
             torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
-            if not row:
-                d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
-                d_A[c], d_C[c] = cpu_kernels.elu_backward(
-                    x[c], A[c], a, d_a, None if d_x is None else d_x[c]
-                )
-                del d_a
-            del a, d_f
+            d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
+            d_A[c], d_C[c] = cpu_kernels.elu_backward(
+                x[c], A[c], a, d_a, None if d_x is None else d_x[c]
+            )
+            del a, d_a, d_f
         return (
             d_x,
             d_s,
