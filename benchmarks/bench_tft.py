@@ -60,7 +60,7 @@ from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory import MB, PARTS
 from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.table import breakdown_rows, format_table
-from foxhunt.models import TemporalFusionTransformer
+from foxhunt.models import TemporalFusionTransformer, cpu_kernels
 from foxhunt.threads import CpuShare
 from foxhunt.threads import off as threads_off
 from foxhunt.training.step import train_step, validation_forward
@@ -507,11 +507,13 @@ def count_gflop(c: Contender) -> float:
     optimizer state, whose update FlopCounterMode does not count).
 
     FlopCounterMode only sees ATen matmuls, so the step runs on the decomposed paths: oneDNN
-    (CPU) and cuDNN (CUDA) LSTMs, and the fused SDPA kernels, would otherwise count as zero."""
+    (CPU) and cuDNN (CUDA) LSTMs, the fused SDPA kernels and foxhunt's C kernels (whose
+    matmuls, row by row at S, and recomputed in backward) would otherwise count as zero."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     with ExitStack() as stack:
+        stack.enter_context(cpu_kernels.off())
         stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))

@@ -206,3 +206,26 @@ def test_gate_add_norm_matches_pytorch(monkeypatch, shape):
     torch.testing.assert_close(fused[0], plain[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(fused[1], plain[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_kernels
+def test_off_runs_the_pytorch_path_whose_matmuls_the_flop_counter_sees():
+    """The bench counts a step's FLOPs by ATen's matmuls; the kernels' (row by row, and g made
+    again in backward) are invisible to it, so it counts with them `off`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, dh, h, rows = SHAPES["row"]
+    args = float32(fused_inputs(n=n, dh=dh, h=h, rows=rows))
+
+    def flops() -> int:
+        with FlopCounterMode(display=False) as counter:
+            selected_grns(*args, dropout=0.0).sum().backward()
+        return counter.get_total_flops()
+
+    on = flops()
+    with cpu_kernels.off():
+        assert not cpu_kernels.available(args[0], h)
+        off = flops()
+    assert cpu_kernels.available(args[0], h)
+    # at least the GLU's matmul g = f Wg, forward and its two gradients
+    assert off - on >= 3 * 2 * n * rows * dh * 2 * h

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import NamedTuple
 
@@ -105,11 +107,27 @@ def library() -> ctypes.CDLL | None:
     return load(runs[0]) if runs else None
 
 
+_OFF = [False]  # `off()` is in effect
+
+
+@contextmanager
+def off() -> Iterator[None]:
+    """The PyTorch paths instead of the kernels inside: what counts FLOPs by ATen's ops
+    (benchmarks/bench_tft.py: the kernels' matmuls are invisible to FlopCounterMode)."""
+    before, _OFF[0] = _OFF[0], True
+    try:
+        yield
+    finally:
+        _OFF[0] = before
+
+
 def available(x: Tensor, hidden: int = LANES) -> bool:
     """Whether the kernels run on `x` here: float32 on a CPU, eager (not under torch.compile
-    or torch.export), a hidden size that is a multiple of 16, with the library built."""
+    or torch.export), a hidden size that is a multiple of 16, with the library built, not
+    turned `off`."""
     return (
-        x.device.type == "cpu"
+        not _OFF[0]
+        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and hidden <= MAX_HIDDEN
         and hidden % LANES == 0
