@@ -480,71 +480,101 @@ static inline void fc2_row(i64 dh, float xv, const float *A, const float *C, con
     }
 }
 
-/* acc [K, N] += sum_r p[r, :K]^T q[r, :N] over nb rows (p's rows ldp apart, q's N wide): the
- * outer products of a block of rows, or with K = 1 a row times a matrix. B vectors of a row of
- * acc at a time stay in registers through the rows: B sums that do not wait on each other. */
-static inline __attribute__((always_inline)) void add_outer_cols(i64 nb, i64 K, i64 N, i64 o0,
-                                                                 int B, const float *p, i64 ldp,
-                                                                 const float *q, float *acc) {
-    for (i64 i = 0; i < K; i++) {
-        float *a = acc + i * N + o0;
-        vf sum[8];
-        for (int b = 0; b < B; b++) sum[b] = load(a + b * VL);
-        for (i64 r = 0; r < nb; r++) {
-            const float pr = p[r * ldp + i], *qr = q + r * N + o0;
-            for (int b = 0; b < B; b++) sum[b] += pr * load(qr + b * VL);
+/* out[a, :N] = (add: +=) sum_k P(a, k) W[k, :N] for rows a < na, P(a, k) = P[a sa + k sk]: rows
+ * of scalars times a matrix, the row-by-row matmuls of the kernels below (g = f Wg, its
+ * gradient's d_g Wg^T, and the weights' gradients, sum over rows of f^T d_g). RB rows and VB
+ * vectors of out stay in registers through k, so that each load of W serves RB rows and each
+ * scalar of P VB vectors (one row at a time, each multiply-add waited on two loads). */
+static inline __attribute__((always_inline)) void rows_block(i64 K, i64 N, const float *P,
+                                                             i64 sa, i64 sk, const float *W,
+                                                             float *out, int add, int RB,
+                                                             int VB) {
+    vf acc[8][4];
+    for (int a = 0; a < RB; a++)
+        for (int b = 0; b < VB; b++) acc[a][b] = add ? load(out + a * N + b * VL) : (vf){0};
+    for (i64 k = 0; k < K; k++) {
+        vf w[4];
+        for (int b = 0; b < VB; b++) w[b] = load(W + k * N + b * VL);
+        for (int a = 0; a < RB; a++) {
+            const float pa = P[a * sa + k * sk];
+            for (int b = 0; b < VB; b++) acc[a][b] += pa * w[b];
         }
-        for (int b = 0; b < B; b++) store(a + b * VL, sum[b]);
     }
+    for (int a = 0; a < RB; a++)
+        for (int b = 0; b < VB; b++) store(out + a * N + b * VL, acc[a][b]);
 }
 
-static inline void add_outer(i64 nb, i64 K, i64 N, const float *p, i64 ldp, const float *q,
-                             float *acc) {
+/* The blocks of rows_block over all rows and columns, each (RB, VB) its own unrolled copy:
+ * 16 sums in registers where 32 registers hold them (AVX-512), 8 where there are 16. */
+static inline __attribute__((always_inline)) void rows_blocks(i64 na, i64 K, i64 N,
+                                                              const float *P, i64 sa, i64 sk,
+                                                              const float *W, float *out,
+                                                              int add, int RB, int VB) {
+    i64 a = 0;
+    for (; a + RB <= na; a += RB)
+        for (i64 o = 0; o < N; o += VB * VL)
+            rows_block(K, N, P + a * sa, sa, sk, W + o, out + a * N + o, add, RB, VB);
+    for (; a < na; a++)
+        for (i64 o = 0; o < N; o += VB * VL)
+            rows_block(K, N, P + a * sa, sa, sk, W + o, out + a * N + o, add, 1, VB);
+}
+
+static inline __attribute__((always_inline)) void rows_times(i64 na, i64 K, i64 N,
+                                                             const float *P, i64 sa, i64 sk,
+                                                             const float *W, float *out,
+                                                             int add) {
     const i64 vectors = N / VL;
-    const int B = vectors % 8 == 0 ? 8 : vectors % 4 == 0 ? 4 : vectors % 2 == 0 ? 2 : 1;
-    for (i64 o0 = 0; o0 < N; o0 += B * VL) { /* (each B its own copy, its loops unrolled) */
-        if (B == 8)
-            add_outer_cols(nb, K, N, o0, 8, p, ldp, q, acc);
-        else if (B == 4)
-            add_outer_cols(nb, K, N, o0, 4, p, ldp, q, acc);
-        else if (B == 2)
-            add_outer_cols(nb, K, N, o0, 2, p, ldp, q, acc);
-        else
-            add_outer_cols(nb, K, N, o0, 1, p, ldp, q, acc);
-    }
+    if (VL == 16 && vectors % 4 == 0)
+        rows_blocks(na, K, N, P, sa, sk, W, out, add, 4, 4);
+    else if (vectors % 2 == 0)
+        rows_blocks(na, K, N, P, sa, sk, W, out, add, VL == 16 ? 8 : 4, 2);
+    else
+        rows_blocks(na, K, N, P, sa, sk, W, out, add, 8, 1);
 }
 
-/* g (h2 = 2h wide) = f Wg, raw, as the matmul would leave it. */
-static inline void gate_matmul_row(i64 dh, i64 h2, const float *f, const float *Wg, float *g) {
-    for (i64 o = 0; o < h2; o += VL) store(g + o, (vf){0});
-    add_outer(dh, 1, h2, f, 1, Wg, g);
+/* A block of rows (at most BLOCK_ROWS, their scratch on the stack: BLOCK_FLOATS holds one row
+ * of the backward's, 4 hidden + 4 variable_dim floats, at the largest sizes) goes through each
+ * matmul together. */
+#define BLOCK_FLOATS (8 * MAX_HIDDEN)
+#define BLOCK_ROWS 8
+
+static i64 block_rows(i64 per_row) {
+    const i64 R = BLOCK_FLOATS / per_row;
+    return R > BLOCK_ROWS ? BLOCK_ROWS : R < 1 ? 1 : R;
 }
 
-static inline __attribute__((always_inline)) void forward_rows(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A,
-                         const float *C, const float *W2, const float *b2,
-                         const float *Wg, uint64_t seed, uint32_t threshold,
-                         const Gate *q0, const float *s, float *out, float *f_out,
-                         int t, int nt) {
-    float a[MAX_HIDDEN], f[MAX_HIDDEN], z[MAX_HIDDEN];
-    float g_row[2 * MAX_HIDDEN];
+static inline __attribute__((always_inline)) void forward_rows(
+    i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, const float *C, const float *W2,
+    const float *b2, const float *Wg, uint64_t seed, uint32_t threshold, const Gate *q0,
+    const float *s, float *out, float *f_out, int t, int nt) {
+    float a[MAX_HIDDEN], z[MAX_HIDDEN], block[BLOCK_FLOATS];
+    const i64 h2 = 2 * h, R = block_rows(dh + h2);
+    float *fb = block, *gb = fb + R * dh; /* a block's f and g */
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
     for (i64 j = 0; j < n; j++) {
         Gate q = gate_of(j, M, h, NULL, q0->bias, q0->scale, q0->u, q0->v, q0->R0, q0->R1,
                          q0->R2, q0->gamma, q0->beta);
         const float *Aj = A + j * dh, *Cj = C + j * dh, *W2j = W2 + j * dh * dh;
-        const float *b2j = b2 + j * dh, *Wgj = Wg + j * dh * 2 * h;
-        for (i64 m = lo; m < hi; m++) {
-            const i64 r = j * M + m;
-            float *fr = f_out ? f_out + r * dh : f;
-            fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold, (uint64_t)r * (uint64_t)dh, a,
-                    fr);
-            gate_matmul_row(dh, 2 * h, fr, Wgj, g_row);
-            normalized_row(&q, h, m, g_row, z, NULL, NULL);
-            const float w = s[r];
-            float *o = out + m * h;
-            for (i64 k = 0; k < h; k += VL)
-                store(o + k, load(o + k) + w * (load(z + k) * load(q.gamma + k) + load(q.beta + k)));
+        const float *b2j = b2 + j * dh, *Wgj = Wg + j * dh * h2;
+        for (i64 m0 = lo; m0 < hi; m0 += R) {
+            const i64 nb = hi - m0 < R ? hi - m0 : R;
+            float *fj = f_out ? f_out + (j * M + m0) * dh : fb;
+            for (i64 b = 0; b < nb; b++) {
+                const i64 r = j * M + m0 + b;
+                fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold, (uint64_t)r * (uint64_t)dh,
+                        a, fj + b * dh);
+            }
+            rows_times(nb, dh, h2, fj, dh, 1, Wgj, gb, 0); /* g = f Wg */
+            for (i64 b = 0; b < nb; b++) {
+                const i64 m = m0 + b;
+                normalized_row(&q, h, m, gb + b * h2, z, NULL, NULL);
+                const float w = s[j * M + m];
+                float *o = out + m * h;
+                for (i64 k = 0; k < h; k += VL)
+                    store(o + k,
+                          load(o + k) + w * (load(z + k) * load(q.gamma + k) + load(q.beta + k)));
+            }
         }
     }
 }
@@ -576,42 +606,24 @@ void vsn_forward(i64 n, i64 M, i64 dh, i64 h, const float *x, const float *A, co
 
 /* ---- the backward, for a small variable_dim ---------------------------------------------- */
 
-/* out (dh wide) = sum_o d[o] WT[o, :] for WT [n_o, dh] (n_o a multiple of 16): a row times a
- * transposed weight, in eight sums (one would wait on each FMA: 2h of them at dh = VL). */
-static inline void times_transposed(i64 n_o, i64 dh, const float *d, const float *WT,
-                                    float *out) {
-    for (i64 k = 0; k < dh; k += VL) {
-        vf acc[8] = {{0}};
-        for (i64 o = 0; o < n_o; o += 8)
-            for (int u = 0; u < 8; u++) acc[u] += d[o + u] * load(WT + (o + u) * dh + k);
-        store(out + k, ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-                           ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-    }
-}
-
 /* Partial sums per thread and variable of vsn_backward_rows, after those of
  * vsn_gate_norm_sum_backward (P_WIDTH h): d_b2, d_A, d_C (dh each), d_Wg (dh x 2h, without the
  * dropout scale), d_W2 (dh x dh). */
 enum { R_B2, R_A, R_C, R_WIDTH = 3 };
-#define BLOCK_FLOATS 16384 /* a block of rows' scratch on the stack: 64 KB */
-#define BLOCK_ROWS 8       /* at most */
-
-static inline __attribute__((always_inline)) void backward_rows(i64 c, i64 M, i64 dh, i64 h, const float *bias, float scale,
-                          const float *s, const float *u, const float *v, const float *R0,
-                          const float *R1, const float *R2, const float *gamma,
-                          const float *beta, const float *d_out, const float *x, const float *A,
-                          const float *C, const float *W2, const float *b2, const float *Wg,
-                          const float *W2T, const float *WgT, const float *f, uint64_t seed,
-                          uint32_t threshold, float *d_s, float *d_u, float *d_v, float *d_x,
-                          float *part, int t, int nt) {
-    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN], gr[2 * MAX_HIDDEN];
-    float df[MAX_HIDDEN], da[MAX_HIDDEN], block[BLOCK_FLOATS];
+static inline __attribute__((always_inline)) void backward_rows(
+    i64 c, i64 M, i64 dh, i64 h, const float *bias, float scale, const float *s, const float *u,
+    const float *v, const float *R0, const float *R1, const float *R2, const float *gamma,
+    const float *beta, const float *d_out, const float *x, const float *A, const float *C,
+    const float *W2, const float *b2, const float *Wg, const float *W2T, const float *WgT,
+    const float *f, uint64_t seed, uint32_t threshold, float *d_s, float *d_u, float *d_v,
+    float *d_x, float *part, int t, int nt) {
+    float xh[MAX_HIDDEN], ga[MAX_HIDDEN], sg[MAX_HIDDEN], dx[MAX_HIDDEN], block[BLOCK_FLOATS];
     const i64 h2 = 2 * h, width = P_WIDTH * h + R_WIDTH * dh + dh * h2 + dh * dh;
-    /* a block of rows: their f, d_g (of scale g + bias), ELU's output a and d_fp (the
-     * gradient of fc2's output) for the weights' gradients */
-    i64 R = BLOCK_FLOATS / (h2 + 3 * dh);
-    R = R > BLOCK_ROWS ? BLOCK_ROWS : R;
-    float *fb = block, *dgb = fb + R * dh, *ab = dgb + R * h2, *dfb = ab + R * dh;
+    /* a block of rows: f, g, d_g (of scale g + bias), d_g Wg^T, ELU's output a and d_fp (the
+     * gradient of fc2's output, for W2's) */
+    const i64 R = block_rows(2 * h2 + 4 * dh);
+    float *fb = block, *gb = fb + R * dh, *dgb = gb + R * h2, *dfb = dgb + R * h2;
+    float *ab = dfb + R * dh, *dpb = ab + R * dh;
     i64 lo, hi;
     row_range(M, t, nt, &lo, &hi);
     for (i64 j = 0; j < c; j++) {
@@ -628,20 +640,28 @@ static inline __attribute__((always_inline)) void backward_rows(i64 c, i64 M, i6
             const i64 nb = hi - m0 < R ? hi - m0 : R;
             /* f as the forward kept it, or (recompute mode) as it made it */
             const float *fj = f ? f + (j * M + m0) * dh : fb;
+            if (!f)
+                for (i64 b = 0; b < nb; b++) {
+                    const i64 r = j * M + m0 + b;
+                    fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold,
+                            (uint64_t)r * (uint64_t)dh, ab + b * dh, fb + b * dh);
+                }
+            rows_times(nb, dh, h2, fj, dh, 1, Wgj, gb, 0); /* g = f Wg */
             for (i64 b = 0; b < nb; b++) {
                 const i64 m = m0 + b, r = j * M + m;
-                const uint64_t start = (uint64_t)r * (uint64_t)dh;
-                float *fr = (float *)fj + b * dh, *dg = dgb + b * h2, *ar = ab + b * dh;
-                float *dfp = dfb + b * dh, dv;
-                if (!f) fc2_row(dh, x[r], Aj, Cj, W2j, b2j, seed, threshold, start, ar, fr);
-                gate_matmul_row(dh, h2, fr, Wgj, gr);
-                gate_row_backward(&q, h, m, gr, s[r], d_out + m * h, acc, dg, d_s + r,
-                                  d_u + r, &dv, NULL, xh, ga, sg, dx);
+                float dv;
+                gate_row_backward(&q, h, m, gb + b * h2, s[r], d_out + m * h, acc,
+                                  dgb + b * h2, d_s + r, d_u + r, &dv, NULL, xh, ga, sg, dx);
                 if (d_v) d_v[r] = dv;
-                /* g = f Wg, its dropout scale on the gate: d f = scale d_g Wg^T; then the
-                 * mask */
-                times_transposed(h2, dh, dg, WgTj, df);
+            }
+            /* g = f Wg, its dropout scale on the gate: d f = scale d_g Wg^T, then the mask */
+            rows_times(nb, h2, dh, dgb, h2, 1, WgTj, dfb, 0);
+            for (i64 b = 0; b < nb; b++) {
+                const i64 r = j * M + m0 + b;
+                const uint64_t start = (uint64_t)r * (uint64_t)dh;
                 const uint32_t key = row_key(seed, start);
+                const float *df = dfb + b * dh;
+                float *dfp = dpb + b * dh;
 #pragma omp simd
                 for (i64 k = 0; k < dh; k++) {
                     float d = df[k] * scale;
@@ -649,9 +669,14 @@ static inline __attribute__((always_inline)) void backward_rows(i64 c, i64 M, i6
                     dfp[k] = d;
                     pb2[k] += d;
                 }
-                /* f before its mask = a W2 + b2, a = ELU(x A + C): ELU' is 1 where a > 0,
-                 * else a + 1 */
-                times_transposed(dh, dh, dfp, W2Tj, da);
+            }
+            /* f before its mask = a W2 + b2, a = ELU(x A + C): ELU' is 1 where a > 0, else
+             * a + 1 */
+            rows_times(nb, dh, dh, dpb, dh, 1, W2Tj, dfb, 0); /* d_a, into d_f's place */
+            for (i64 b = 0; b < nb; b++) {
+                const i64 r = j * M + m0 + b;
+                const float *da = dfb + b * dh;
+                float *ar = ab + b * dh;
                 vf dxv = {0};
                 const float xv = x[r];
                 for (i64 k = 0; k < dh; k += VL) {
@@ -665,13 +690,9 @@ static inline __attribute__((always_inline)) void backward_rows(i64 c, i64 M, i6
                 }
                 if (d_x) d_x[r] = hsum(dxv);
             }
-            if (nb == BLOCK_ROWS) { /* (unrolled) */
-                add_outer(BLOCK_ROWS, dh, h2, fj, dh, dgb, pWg);
-                add_outer(BLOCK_ROWS, dh, dh, ab, dh, dfb, pW2);
-            } else {
-                add_outer(nb, dh, h2, fj, dh, dgb, pWg);
-                add_outer(nb, dh, dh, ab, dh, dfb, pW2);
-            }
+            /* the weights' gradients: sums over the rows of f^T d_g and a^T d_fp */
+            rows_times(dh, nb, h2, fj, 1, dh, dgb, pWg, 1);
+            rows_times(dh, nb, dh, ab, 1, dh, dpb, pW2, 1);
         }
     }
 }
