@@ -136,7 +136,11 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
         expected = np.column_stack([lower, out[:, 1], upper]) * std[0] + mean[0]  # centred too
         got = table.filter(np.asarray(table.column("instrument").to_pylist()) == name)
         values = np.column_stack([got.column(c).to_numpy() for c in QUANTILES])
-        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
+        # the predictor runs both instruments in one batch, this each alone: float32 matmuls
+        # round differently by batch size, ~1e-6 of the forecast's scale (an element near 0
+        # would fail a tolerance relative to itself)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=2e-6 * scale)
         assert _ns(got, "origin_time").tolist() == [tail["timestamp"][enc[-1]]] * H
         np.testing.assert_array_equal(_ns(got, "target_time"), tail["timestamp"][dec])
 
