@@ -454,7 +454,6 @@ class _KernelSelectedGRNs(torch.autograd.Function):
                 g = torch.bmm(f, Wg[c])
             else:
                 f, g = f_all[c], g_all[c]
-                a = cpu_kernels.elu(x[c], A[c], C[c])
             gate = cpu_kernels.Gate(
                 g,
                 bg[c],
@@ -470,6 +469,8 @@ class _KernelSelectedGRNs(torch.autograd.Function):
             )
             d_rows = (d_s[c], d_u[c], *_rows(c, d_v))
             d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
+            if g_all is not None:  # (after the gate's backward: not held through its peak)
+                a = cpu_kernels.elu(x[c], A[c], C[c])
             del g
             for grad, key in (
                 (d_gamma, "gamma"),
