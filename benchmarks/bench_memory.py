@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
 
+from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.memory import MB, estimate, max_batch_size, measure
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {
     "tft_small": ["model=tft_small"],
     "tft_base": ["model=tft_base", "data.ohlcv.num_features=225"],

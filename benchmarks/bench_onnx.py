@@ -25,7 +25,6 @@ import time
 import warnings
 from collections.abc import Callable
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,11 +39,11 @@ from foxhunt.app.export import (
     onnx_session,
     to_onnx,
 )
+from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.data.schema import footer_schema
 from foxhunt.training.module import build_model
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {
     "tft_small": ["model=tft_small"],
     "tft_base": ["model=tft_base", "data.ohlcv.num_features=225"],

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 
+from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.data.schema import footer_schema, random_batch
 from foxhunt.memory import MB, measure
@@ -28,7 +29,6 @@ from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.training.module import build_model, make_optimizer, model_init
 from foxhunt.training.step import train_step
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {
     "tft_small": (["model=tft_small"], 64),
     "tft_base": (["model=tft_base", "data.ohlcv.num_features=225"], 16),

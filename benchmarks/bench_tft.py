@@ -303,6 +303,8 @@ def build_ours(
         dropout=DROPOUT,
         variable_dim=shape.continuous_hidden,
         quantiles=shape.quantiles,
+        highway=False,  # the TFT of Lim et al., as the contenders build it
+        monotone=False,
     ).to(device)
     batches = pool_batches(
         datamodule.train_dataloader, lambda b: len(b["target"]), pool, shape.batch_size

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.evaluation.controls import CONTROLS, baseline_forecasts, make_control, score
@@ -87,7 +88,7 @@ def passed(result: dict) -> bool:
 def compose_train(overrides: list[str]) -> DictConfig:
     """scripts/train.py's config for `overrides` (hydra.* ones left out)."""
     register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", [o for o in overrides if not o.startswith("hydra.")])
 
 

@@ -4,17 +4,26 @@ The plain functions they are built from live in tests/helpers.py."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from foxhunt.config import DataConfig
-from tests.helpers import make_table, write_table
+from tests.helpers import (
+    TINY_MODEL,
+    make_table,
+    run_script,
+    shared_dir,
+    tiny_overrides,
+    write_table,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,8 +59,22 @@ LONGEST_S = {  # by test function (tests/evaluation/test_controls*.py, tests/tra
 }
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="the full suite: also the tests marked slow (positive controls, compile, DDP, "
+        "whole tuning studies, the wheel, fuzz); without it, or -m, they are deselected",
+    )
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle (a wrapper that runs first)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--full") and not config.option.markexpr:
+        slow = [i for i in items if "slow" in i.keywords]
+        if slow:  # the README's test command is the fast tier
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if "slow" not in i.keywords]
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
 
@@ -70,6 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 LIGHTNING_ENV = {"PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG"}
 PYTEST_ENV = {"PYTEST_CURRENT_TEST"}  # pytest's own, of the test running
 TORCH_ENV = {"_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}  # torch.compile's, for its process
+# what third-party packages set when first imported: scikit-learn's OpenMP switches (pulled in by
+# the bench extra's pytorch-forecasting and Darts, imported by whichever test needs them first)
+THIRD_PARTY_ENV = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 
 
 def _process_state() -> dict[str, object]:
@@ -98,7 +124,7 @@ def no_leaks() -> Iterator[None]:
     changed = {
         k for k in env_before.keys() | env_after.keys() if env_before.get(k) != env_after.get(k)
     }
-    leaks = sorted(changed - LIGHTNING_ENV - PYTEST_ENV - TORCH_ENV)
+    leaks = sorted(changed - LIGHTNING_ENV - PYTEST_ENV - TORCH_ENV - THIRD_PARTY_ENV)
     leaks += [k for k in before if k != "environment" and before[k] != after[k]]
     os.environ.clear()
     os.environ.update(env_before)
@@ -155,3 +181,23 @@ def es_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from foxhunt.data.sample import make_es_sample
 
     return make_es_sample(tmp_path_factory.mktemp("es") / "ES_FUT_tiny.parquet", days=12)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One tiny training through `foxhunt train` (data=parquet, a few batches of the smallest
+    TFT), shared by the tests that read a trained run: trained once per session for all workers."""
+    with shared_dir(tmp_path_factory, "tiny_run") as (root, fresh):
+        data, run = root / "bars.parquet", root / "run"
+        args = [*tiny_overrides(data, "trainer.max_epochs=1"), *TINY_MODEL, f"hydra.run.dir={run}"]
+        if fresh:
+            write_table(data, make_table({"AAA": 300, "BBB": 200}))
+            code, out, err = run_script("train.py", *args)
+            assert code == 0, err[-3000:]
+            (root / "stdout.txt").write_text(out)
+    out = (root / "stdout.txt").read_text()
+    summary = json.loads(out.strip().splitlines()[-1])
+    return SimpleNamespace(
+        root=root, data=data, run=run, args=args, summary=summary, out=out,
+        ckpt=Path(summary["best_checkpoint"]),
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import os
-import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from foxhunt.app.train import train
+from foxhunt.conf import CONF_DIR
 from foxhunt.config import DataConfig, register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import MONTH_CODES, Contract, third_friday
@@ -33,11 +35,34 @@ from foxhunt.evaluation.controls import baseline_forecasts, make_control, score
 from foxhunt.models import TemporalFusionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = str(ROOT / "conf")
+CONF = str(CONF_DIR)
 
 # --------------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------------
+
+# the TFT's architecture for tests that build it directly (its constructor takes every one:
+# foxhunt.config.ModelConfig holds the defaults), without the highway and the monotone head
+ARCH = dict(
+    hidden_dim=64,
+    num_heads=4,
+    lstm_layers=1,
+    dropout=0.1,
+    variable_dim=16,
+    quantiles=(0.1, 0.5, 0.9),
+    highway=False,
+    monotone=False,
+)
+
+# the smallest TFT, a few batches of each split: commands end to end, not the model's skill
+TINY_MODEL = (
+    "model.hidden_dim=8",
+    "model.num_heads=2",
+    "model.variable_dim=4",
+    "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+)
 
 # a quarter of tft_small's width: quick steps for the memory and DDP tests
 SMALL_MODEL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
@@ -356,24 +381,50 @@ def check_control(tmp_path: Path, name: str, lazy: bool = False) -> None:
             assert abs(ic[who] - found["oracle_ic_h1"]) <= IC_GAP, (who, ic, found)
 
 
+@contextmanager
+def shared_dir(factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Path, bool]]:
+    """A directory built once per test session and read by every xdist worker: yields (path,
+    True) to the first worker, which builds it under a lock, and (path, False) to the others once
+    it is built. A build that failed is retried by the next worker that asks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    root = factory.getbasetemp().parent if worker else factory.getbasetemp()
+    path, done = root / name, root / f"{name}.done"
+    with FileLock(root / f"{name}.lock"):
+        if done.exists():
+            yield path, False
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+        yield path, True
+        done.touch()
+
+
 def run_script(script: str, *args: str, full_error: bool = False) -> tuple[int, str, str]:
-    """scripts/<script> as `python scripts/<script> ...` runs it, in this process (a subprocess
-    would spend seconds importing torch again): (exit code, stdout, stderr). `full_error`:
-    with the user's HYDRA_FULL_ERROR=1 (an error raises)."""
+    """`foxhunt <command> ...` for scripts/<script> (train.py: `foxhunt train`), in this process
+    (a subprocess would spend seconds importing torch again): (exit code, stdout, stderr).
+    `full_error`: with the user's HYDRA_FULL_ERROR=1 (an error raises)."""
+    from foxhunt.app.commands import main
+
     hydra = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     out, err = io.StringIO(), io.StringIO()
     code = 0
     with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
-        mp.setattr(sys, "argv", [script, *args, *hydra])
+        mp.setattr(sys, "argv", ["foxhunt", command_of(script), *args, *hydra])
         if full_error:
             mp.setenv("HYDRA_FULL_ERROR", "1")
         else:
             mp.delenv("HYDRA_FULL_ERROR", raising=False)
         GlobalHydra.instance().clear()
         try:
-            runpy.run_path(str(ROOT / "scripts" / script), run_name="__main__")
+            main()
         except SystemExit as exc:
             code = 0 if exc.code is None else exc.code
         finally:
             GlobalHydra.instance().clear()
     return code, out.getvalue(), err.getvalue()
+
+
+def command_of(script: str) -> str:
+    """The `foxhunt` command a scripts/ shim runs (inspect_data.py: inspect)."""
+    name = script.removesuffix(".py")
+    return {"inspect_data": "inspect", "estimate_memory": "estimate-memory"}.get(name, name)

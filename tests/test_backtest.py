@@ -130,6 +130,7 @@ def _actuals(path: Path) -> dict[tuple[str, int], float]:
     )
 
 
+@pytest.mark.slow  # 8 CPU-s: the full tier
 def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered):
     overrides = ["backtest.folds=3"]
     cfg = compose_backtest(*tiny_overrides(staggered, "trainer.max_epochs=1"), *overrides)
@@ -241,6 +242,7 @@ def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered
         assert own["splits"]["cuts"]["test_start"] in report
 
 
+@pytest.mark.slow  # 5 CPU-s: the full tier
 def test_a_fold_without_its_summary_resumes_and_finished_folds_are_kept(tmp_path, table_path):
     overrides = ["backtest.folds=2"]
     cfg = compose_backtest(*tiny_overrides(table_path), *overrides)
@@ -263,6 +265,7 @@ def _weights(ckpt: str) -> dict[str, torch.Tensor]:
     return read_checkpoint(ckpt)[1]["state_dict"]
 
 
+@pytest.mark.slow  # 7 CPU-s: the full tier
 def test_finetune_starts_each_fold_from_the_previous_fold_s_best_weights(tmp_path, table_path):
     # train(init_weights=): the weights only; a learning rate of ~0 keeps them where they began
     first = train(
@@ -295,6 +298,7 @@ def test_finetune_starts_each_fold_from_the_previous_fold_s_best_weights(tmp_pat
     assert [f["initialized_from"] for f in folds] == [None, best[0], best[1]]
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_refused_backtests_are_one_line_and_exit_2(tmp_path, table_path):
     args = tiny_overrides(table_path)
     result = run_cli(

@@ -10,7 +10,7 @@ import pytest
 
 from foxhunt.memory import PART_NAMES
 from foxhunt.models import TemporalFusionTransformer
-from tests.helpers import ROOT
+from tests.helpers import ARCH, ROOT
 
 SCRIPT = ROOT / "benchmarks" / "bench_tft.py"
 ARGS = ["--config", "S", "--skip-theirs", "--steps", "2", "--eval-batches", "2"]
@@ -85,14 +85,11 @@ def test_the_dle_configuration_feeds_a_static_id_and_known_inputs() -> None:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["config"] == "DLE" and result["batch_size"] == 8
     expected = TemporalFusionTransformer(
+        **{**ARCH, "hidden_dim": 128, "variable_dim": 128},
         num_observed=1,
         num_known=3,
         prediction_length=24,
         static_cardinalities=(369,),
-        hidden_dim=128,
-        num_heads=4,
-        variable_dim=128,
-        quantiles=(0.1, 0.5, 0.9),
     ).num_parameters()
     assert result["ours"]["params"] == expected
     assert result["ours"]["train_samples_per_s"] > 0 and result["ours"]["peak_mib"] > 0

@@ -25,6 +25,7 @@ def _run(tmp_path, name: str, cols: dict, *extra: str) -> dict:
     return train(cfg, tmp_path / name)
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_the_calibration_is_fitted_without_the_test_targets(tmp_path):
     cols = make_table({"AAA": 400, "BBB": 300})
     first = _run(tmp_path, "first", cols)

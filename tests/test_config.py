@@ -44,7 +44,9 @@ def test_groups_compose_and_validate(overrides, tmp_path):
     callbacks = make_callbacks(cfg.callbacks, tmp_path / "checkpoints")
     assert [type(c) for c in callbacks] == [BestCheckpoint, EarlyStopping]  # patience 3
     assert callbacks[0].dirpath == str(tmp_path / "checkpoints")
-    if cfg.logger.name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+    # Lightning's TensorBoardLogger writes with tensorboard or, without it, tensorboardX
+    writers = [importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")]
+    if cfg.logger.name == "tensorboard" and not any(writers):
         with pytest.raises(ConfigError, match="invalid logger setting: .*tensorboard"):
             make_logger(cfg.logger, tmp_path, resumed_in_place=False)
         return
@@ -101,7 +103,7 @@ def test_early_stopping_patience_adds_early_stopping(tmp_path):
         ("data.target_kind=up", "[auto, return, level]"),
         ("data.time_unit=min", "[s, ms, us, ns]"),
         ("optim.schedule=linear", "[cosine, onecycle, none]"),
-        ("precision.name=fp8", "[fp32, bf16, int8]"),
+        ("precision.trainer_precision=16-mixed", "[32-true, bf16-mixed]"),
         ("precision.backend=tensorrt", "[torch.ao, torchao]"),
         ("memory.device=tpu", "[auto, cpu, cuda]"),
         ("resume=latest", "[auto, auto_or_new]"),
@@ -125,8 +127,46 @@ def test_enum_values_are_their_strings():
 
 
 def test_tft_base_is_the_seed_size():
-    m = compose_train("model=tft_base").model
-    assert (m.hidden_dim, m.num_heads, m.lstm_layers) == (256, 8, 2)
+    cfg = compose_train("model=tft_base")
+    m = cfg.model
+    assert (m.hidden_dim, m.num_heads, m.lstm_layers, cfg.data.ohlcv.num_features) == (
+        256,
+        8,
+        2,
+        225,
+    )
+    assert (
+        compose_train("model=tft_base", "data.ohlcv.num_features=100").data.ohlcv.num_features
+        == 100
+    )
+
+
+def test_the_seed_experiment_pairs_the_model_with_a_4gb_budget():
+    cfg = compose_train("experiment=seed_4gb_gpu")
+    assert (cfg.model.hidden_dim, cfg.model.num_heads, cfg.model.lstm_layers) == (256, 8, 2)
+    assert cfg.data.ohlcv.num_features == 225 and cfg.memory.budget_mb == 4096
+    assert cfg.memory.batch_size_search.enabled and cfg.memory.release_optimizer_state
+
+
+@pytest.mark.parametrize("label", ["model.name=tft_base", "memory.name=off", "precision.name=int8"])
+def test_no_key_repeats_a_groups_choice(label):
+    with pytest.raises(ConfigCompositionException):
+        compose_train(label)
+
+
+def test_one_place_holds_each_model_default():
+    """tft_small is ModelConfig's defaults; the TFT's constructor has none of its own."""
+    import inspect
+
+    from foxhunt.config import ModelConfig
+    from foxhunt.models import TemporalFusionTransformer
+
+    assert OmegaConf.to_container(compose_train().model) == OmegaConf.to_container(
+        OmegaConf.structured(ModelConfig)
+    )
+    arch = set(ModelConfig.__dataclass_fields__) - {"compile"}
+    params = inspect.signature(TemporalFusionTransformer).parameters
+    assert {p for p in arch if params[p].default is not inspect.Parameter.empty} == set()
 
 
 def test_wrong_type_fails_at_composition():

@@ -67,6 +67,7 @@ from tests.helpers import (  # noqa: E402
     make_table,
     ns,
     run_script,
+    shared_dir,
     tiny_overrides,
     write_table,
 )
@@ -104,11 +105,7 @@ def consumer(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """Trained on all but each instrument's last H rows, exported with scripts/export.py; the
-    prediction file is the last TAIL rows, target and observed inputs of the last H emptied."""
-    root = tmp_path_factory.mktemp("plain")
+def _build_plain(root: Path) -> None:
     cols = make_table({"AAA": 300, "BBB": 200})
     cols["w"] = np.where(cols["symbol"] == "AAA", 1.5, -2.0)  # a static real per instrument
     train_path = write_table(
@@ -127,12 +124,25 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         f"hydra.run.dir={root / 'export_run'}",
     )
     assert code == 0, stderr
+    write_table(root / "tail.parquet", tail)
+    (root / "export_stdout.txt").write_text(stdout)
+    (root / "ckpt.txt").write_text(str(ckpt))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """Trained on all but each instrument's last H rows, exported with `foxhunt export` (once
+    per session, shared by the workers: read only); the prediction file is the last TAIL rows,
+    target and observed inputs of the last H emptied."""
+    with shared_dir(tmp_path_factory, "plain") as (root, fresh):
+        if fresh:
+            _build_plain(root)
     return SimpleNamespace(
         root=root,
-        ckpt=ckpt,
+        ckpt=Path((root / "ckpt.txt").read_text()),
         export=root / "onnx",
-        stdout=stdout,
-        data=write_table(root / "tail.parquet", tail),
+        stdout=(root / "export_stdout.txt").read_text(),
+        data=root / "tail.parquet",
     )
 
 
@@ -160,7 +170,7 @@ def futures(tmp_path_factory: pytest.TempPathFactory, es_sample: Path) -> Simple
 
 
 @pytest.fixture(scope="module")
-def int8(plain: SimpleNamespace) -> SimpleNamespace:
+def int8(plain: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """The plain model's int8 export (QAT ranges observed on the tail's windows), exported."""
     module = TFTModule.load_from_checkpoint(plain.ckpt, map_location="cpu")
     predictor = foxhunt.load(plain.ckpt, batch_size=64)
@@ -172,12 +182,14 @@ def int8(plain: SimpleNamespace) -> SimpleNamespace:
     with torch.no_grad():
         model(dataset.__getitems__(list(range(len(dataset)))))
     set_qat_phase(model, observe=False, fake_quant=True)
-    path = plain.ckpt.parent / "model_int8.safetensors"  # beside the checkpoints: config found
+    root = tmp_path_factory.mktemp("int8")  # plain's run is shared by the workers: a copy
+    run = Path(shutil.copytree(plain.ckpt.parents[1], root / "run"))
+    path = run / "checkpoints" / "model_int8.safetensors"  # beside the checkpoints: config found
     export_int8(
         model, model_init(module.hparams.model, module.schema), path, module.schema.to_dict()
     )
-    result = export_onnx(path, plain.root / "onnx_int8")
-    return SimpleNamespace(path=path, export=plain.root / "onnx_int8", dataset=dataset, **result)
+    result = export_onnx(path, root / "onnx")
+    return SimpleNamespace(path=path, export=root / "onnx", dataset=dataset, **result)
 
 
 def _windows(predictor, path: Path, split: str) -> object:
@@ -257,6 +269,7 @@ def test_export_writes_the_model_and_its_description(plain):
     assert result["verification"]["max_rel_diff"] <= 1e-4
 
 
+@pytest.mark.slow  # 12 CPU-s: the full tier
 @pytest.mark.parametrize("batch", [1, 7, 1024])
 def test_onnx_runtime_matches_the_model_on_the_test_windows(futures, batch):
     predictor = foxhunt.load(futures.ckpt)
@@ -267,6 +280,7 @@ def test_onnx_runtime_matches_the_model_on_the_test_windows(futures, batch):
     assert rel <= 1e-4
 
 
+@pytest.mark.slow  # 13 CPU-s: the full tier
 def test_the_int8_export_exports(int8):
     """ONNX Runtime against the model it was exported from (int8 weights, inputs rounded to
     their int8 grid, LSTMs float of their int8 weights), and against foxhunt.load's int8 model
@@ -306,6 +320,7 @@ def test_the_int8_export_exports(int8):
 # --- the reference consumer ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 15 CPU-s: the full tier
 @pytest.mark.parametrize("model", ["plain", "futures"])
 @pytest.mark.parametrize("all_windows", [False, True])
 def test_the_consumer_forecasts_as_predict_py(model, all_windows, request, tmp_path):
@@ -329,6 +344,7 @@ def test_the_consumer_forecasts_as_predict_py(model, all_windows, request, tmp_p
     )
 
 
+@pytest.mark.slow  # 25 CPU-s: the full tier
 @pytest.mark.parametrize(
     "all_windows",
     [False, pytest.param(True, marks=pytest.mark.slow)],  # the fast tier < 120 s
@@ -370,6 +386,7 @@ def test_the_consumer_calibrates_as_predict_py(plain, method, all_windows, tmp_p
     np.testing.assert_allclose(b[:, 1], uncalibrated[:, 1], atol=1e-5 * np.abs(b).max())  # median
 
 
+@pytest.mark.slow  # 20 CPU-s: the full tier
 def test_the_consumer_needs_neither_torch_nor_foxhunt(futures, tmp_path):
     """Run where importing torch or foxhunt fails: the same forecasts."""
     blocked = (
@@ -458,6 +475,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@pytest.mark.slow  # 10 CPU-s: the full tier
 def test_a_model_that_cannot_export_names_the_op(plain, tmp_path, monkeypatch):
     forward = TemporalFusionTransformer.forward
     monkeypatch.setattr(
@@ -474,6 +492,7 @@ def test_a_model_that_cannot_export_names_the_op(plain, tmp_path, monkeypatch):
     assert not (tmp_path / "out" / ONNX_FILE).exists()
 
 
+@pytest.mark.slow  # 43 CPU-s: the full tier
 def test_an_export_onnx_runtime_disagrees_with_is_refused(plain, tmp_path, monkeypatch):
     """What went wrong in other TFT exports: a graph that runs, and forecasts wrong. Here the
     exported variable selection misses its last chunk of variables."""
@@ -612,6 +631,7 @@ def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
             port["continuous"](table, data_section(cfg, footer_schema(cfg)))
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 def test_a_file_cut_mid_quarter_forecasts_from_the_contract_held_at_the_cut(futures, tmp_path):
     """The sample cut while the front still trades and the next month is thin (before the
     volume crossover), and after it: predict forecasts ES from the contract held at the cut's
@@ -637,6 +657,7 @@ def test_a_file_cut_mid_quarter_forecasts_from_the_contract_held_at_the_cut(futu
         _same_forecasts(pq.read_table(tmp_path / f"onnx-{held}.parquet"), want)
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 def test_rows_to_forecast_of_a_contract_forecast_its_root_as_predict_py(futures, tmp_path):
     """Bars to forecast after the last contract's last bar (an empty close): ES's forecast at
     their times, from the consumer as from predict.py."""

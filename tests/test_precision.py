@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 from foxhunt.app.train import _check_same_model
-from foxhunt.config import PrecisionName
+from foxhunt.conf import CONF_DIR
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.precision import precision_of
 from foxhunt.quantization.callbacks import QATSchedule
-from tests.helpers import ROOT, compose_train
+from tests.helpers import compose_train
 
 
 def test_every_precision_name_has_its_module_and_yaml():
-    yaml = {p.stem for p in (ROOT / "conf" / "precision").glob("*.yaml")}
-    assert {str(n) for n in PrecisionName} == yaml
+    yaml = {p.stem for p in (CONF_DIR / "precision").glob("*.yaml")}
+    assert yaml == {"fp32", "bf16", "int8"}
     for name in yaml:
         cfg = compose_train(f"precision={name}")
         precision = precision_of(cfg)
@@ -35,6 +36,17 @@ def test_chosen_from_a_group_a_config_or_a_checkpoints_hyperparameters():
         assert precision_of(hparams).name == "fp32"
     with pytest.raises(CheckpointError, match="unknown precision 'fp8'"):
         precision_of({"name": "fp8"})
+
+
+def test_what_a_precision_sets_names_it_and_no_label_contradicts_it():
+    assert precision_of(compose_train("precision=bf16")).name == "bf16"
+    # bf16's flag set back to float32's: what it then trains in is fp32, by what it sets
+    assert (
+        precision_of(compose_train("precision=bf16", "precision.trainer_precision=32-true")).name
+        == "fp32"
+    )
+    with pytest.raises(ConfigCompositionException):
+        compose_train("precision=bf16", "precision.name=fp32")  # the label is gone
 
 
 def test_families_predictions_and_trainer_flags():

@@ -87,6 +87,7 @@ def _assert_ordered(table: pa.Table) -> None:
     assert (np.diff(q, axis=1) >= 0).all()
 
 
+@pytest.mark.slow  # 5 CPU-s: the full tier
 def test_latest_window_per_instrument_equals_a_hand_computation(trained):
     # the data config: the training run's; CQR's static offsets (not the run's aci, which
     # adapts them along the file's earlier windows: tests/test_export.py checks it)
@@ -240,6 +241,7 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path):
     assert stdout.splitlines()[-1].endswith(f"to {out}")
 
 
+@pytest.mark.slow  # 7 CPU-s: the full tier
 def test_cli_output_never_overwrites_by_accident(trained, tmp_path):
     def predict(out, *extra):
         return _predict_tail(trained, tmp_path, out, *extra)

@@ -66,6 +66,7 @@ def test_selection_and_attention_weights_sum_to_one_per_window(trained):
     torch.testing.assert_close(rows, torch.ones_like(rows))
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_report_run_writes_interpretation_report_and_plots(trained):
     run_dir = trained["run_dir"]
     files = report_run(

@@ -58,6 +58,7 @@ def _sweep(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "scripts" / "train.py"), "-m", *args]
 
 
+@pytest.mark.slow  # 7 CPU-s: the full tier
 def test_sweep_resume_with_no_earlier_sweep_is_one_error(tmp_path, table_path):
     args = (*tiny_overrides(table_path), "model.hidden_dim=8,12", "+sweep.resume=true")
     result = subprocess.run(_sweep(*args), cwd=tmp_path, capture_output=True, text=True)
@@ -67,6 +68,7 @@ def test_sweep_resume_with_no_earlier_sweep_is_one_error(tmp_path, table_path):
     assert not (tmp_path / "multirun").exists()
 
 
+@pytest.mark.slow  # 7 CPU-s: the full tier
 def test_a_sweep_cannot_select_on_the_test_split(tmp_path, table_path):
     args = (*tiny_overrides(table_path), "model.hidden_dim=8,12", "optimized_metric=test_loss")
     result = subprocess.run(_sweep(*args), cwd=tmp_path, capture_output=True, text=True)

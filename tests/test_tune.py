@@ -249,6 +249,7 @@ def test_a_journal_cut_off_mid_line_loses_nothing_after_it(tmp_path):
     assert [t.value for t in study().trials] == [1.0, 2.0]
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_a_trial_that_cannot_fit_is_pruned_with_the_reason(tmp_path):
     data = write_panel(tmp_path / "panel.parquet", signal_weight=1.0)
     budget = ("memory.budget_mb=0.01", "memory.safety_margin_mb=0")  # not even the model fits

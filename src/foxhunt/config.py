@@ -26,8 +26,8 @@ TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
-# each precision is its module foxhunt.precision.<name> and its conf/precision/<name>.yaml
-PrecisionName = StrEnum("PrecisionName", ["fp32", "bf16", "int8"])
+# Lightning's precision flags foxhunt trains in: fp32's and bf16's (int8 trains in float32)
+TrainerPrecision = StrEnum("TrainerPrecision", ["32-true", "bf16-mixed"])
 QatBackend = StrEnum("QatBackend", ["torch.ao", "torchao"])
 Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
@@ -170,7 +170,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 @dataclass
 class ModelConfig:
-    name: str = "tft_small"
+    """The TFT's architecture; these defaults are model=tft_small (the one place they live)."""
+
     hidden_dim: int = 64
     num_heads: int = 4
     lstm_layers: int = 1
@@ -199,14 +200,16 @@ class OptimConfig:
     # the schedule's length in optimizer steps, rounded up to whole epochs (so its end is
     # validated), where training ends: trainer.max_epochs is then a ceiling (the schedule spans
     # it when it is lower) and early stopping may end it sooner; None: trainer.max_epochs
-    # (or schedule_epochs, which wins)
-    schedule_steps: int | None = None
+    # (or schedule_epochs, which wins). 800: enough for the positive controls (docs/model.md)
+    schedule_steps: int | None = 800
 
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.fp32
-    trainer_precision: str = "32-true"  # Lightning's precision flag
+    """fp32, bf16 or int8 (foxhunt.precision.name_of): what the settings train in."""
+
+    trainer_precision: TrainerPrecision = TrainerPrecision["32-true"]  # Lightning's flag
+    qat: bool = False  # int8: quantization-aware training, then an int8 export
     backend: QatBackend = QatBackend["torch.ao"]  # int8: the quantization-aware training backend
     qat_start_epoch: int = 0  # int8: train in float before this epoch, fake-quantized from it
     observer_epochs: int = 1  # int8: epochs from qat_start_epoch during which ranges are observed
@@ -271,7 +274,6 @@ class MemoryConfig:
     """Memory policy (conf/memory/): the budget a run plans for, what it does to stay inside it,
     and the estimator's constants."""
 
-    name: str = "default"
     budget_mb: float | None = None  # act as if the device had only this much; None = all of it
     safety_margin_mb: float = 256.0  # kept free of the budget
     val_batch_size: Any = None  # a number, null (= the training batch size) or auto (searched)
@@ -356,13 +358,15 @@ class TrainConfig:
     callbacks: dict[str, Any] = MISSING
     memory: MemoryConfig = MISSING
     seed: int = 42
-    ckpt_path: str | None = None
-    resume: Resume | None = None  # the newest last.ckpt of this experiment (or_new: or fresh)
-    optimized_metric: Metric = Metric.val_loss  # what train.py returns to a Hydra sweeper
+    ckpt_path: str | None = None  # an absolute path to a .ckpt resumes training from it
+    # auto: the newest last.ckpt of a run with the same overrides; auto_or_new: or a fresh run
+    resume: Resume | None = None
+    # what the train command returns to a Hydra sweeper: val_loss, test_loss, ...
+    optimized_metric: Metric = Metric.val_loss
     report: bool = True  # report.md, interpretation.json and plots in the run directory
-    backtest: BacktestConfig | None = None  # walk-forward folds: conf/backtest.yaml
-    tune: TuneConfig | None = None  # a tuning study: conf/tune.yaml
-    tune_space: dict[str, Any] | None = None  # its search space: conf/tune_space/<option>.yaml
+    backtest: BacktestConfig | None = None  # walk-forward folds: foxhunt/conf/backtest.yaml
+    tune: TuneConfig | None = None  # a tuning study: foxhunt/conf/tune.yaml
+    tune_space: dict[str, Any] | None = None  # its space: foxhunt/conf/tune_space/<option>.yaml
     eval: EvalConfig = field(default_factory=EvalConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 

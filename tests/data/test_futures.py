@@ -342,6 +342,7 @@ def test_the_calendar_splits_cut_the_continuous_series(tmp_path):
     )
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_a_run_writes_its_roll_schedule(tmp_path):
     contract_file(tmp_path / "es.parquet")
     train(compose_train(*futures_run(tmp_path / "es.parquet")), tmp_path / "run")
@@ -352,6 +353,7 @@ def test_a_run_writes_its_roll_schedule(tmp_path):
     assert rolls["factor"].to_pylist() == pytest.approx([1.02, 1.02])
 
 
+@pytest.mark.slow  # 8 CPU-s: the full tier
 def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     contract_file(tmp_path / "all.parquet")
     table = pq.read_table(tmp_path / "all.parquet")

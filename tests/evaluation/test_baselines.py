@@ -207,6 +207,7 @@ def test_lightgbm_is_skipped_with_the_reason_when_not_installed(tmp_path, monkey
     assert skill(0.1, out)[1] != "lightgbm"
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_path):
     # the tiny table's target is a level: the baselines forecast moves from the last value
     path = write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 300}))

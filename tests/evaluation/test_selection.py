@@ -15,6 +15,7 @@ from foxhunt.evaluation import selection
 DAYS = 252
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_the_best_of_20_noise_trials_looks_good_and_is_not_significant():
     rng = np.random.default_rng(0)
     returns = rng.normal(0, 0.01, (1000, 20))
@@ -29,6 +30,7 @@ def test_the_best_of_20_noise_trials_looks_good_and_is_not_significant():
     assert 0.35 < overfit["pbo"] < 0.75  # selection picks noise: the winner is a coin flip
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_a_real_edge_among_noise_is_significant_and_not_overfit():
     rng = np.random.default_rng(1)
     returns = rng.normal(0, 0.01, (1000, 20))
@@ -39,6 +41,7 @@ def test_a_real_edge_among_noise_is_significant_and_not_overfit():
     assert selection.pbo(returns)["pbo"] < 0.05
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_an_edge_that_reverses_out_of_sample_is_overfit():
     """Each trial earns in a random half of the blocks (exactly half) and loses in the other:
     whichever wins in sample has its losing blocks out of sample."""

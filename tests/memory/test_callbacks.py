@@ -96,6 +96,7 @@ class _LowerBudgetAt(L.Callback):
             self.steps = trainer.global_step
 
 
+@pytest.mark.slow  # 15 CPU-s: the full tier
 @pytest.mark.parametrize("keep_effective_batch", [True, False])
 def test_oom_mid_epoch_is_survived_without_skipping_or_repeating_samples(
     tmp_path, table_path, caplog, keep_effective_batch
@@ -122,6 +123,7 @@ def test_oom_mid_epoch_is_survived_without_skipping_or_repeating_samples(
     assert "OOM in train at step 5" in caplog.text
 
 
+@pytest.mark.slow  # 12 CPU-s: the full tier
 def test_batch_one_not_fitting_stops_with_what_it_needs(tmp_path, table_path):
     one = estimate(config(table_path), 1, 1, device="cpu").peak / MB
     cfg = config(table_path, f"memory.budget_mb={0.9 * one}", "memory.safety_margin_mb=0")
@@ -129,6 +131,7 @@ def test_batch_one_not_fitting_stops_with_what_it_needs(tmp_path, table_path):
         train(cfg, tmp_path / "run")
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_a_budget_below_the_model_is_one_clear_error(tmp_path, table_path):
     cfg = config(table_path, "memory.budget_mb=0.01", "memory.safety_margin_mb=0")
     with pytest.raises(FoxhuntError, match=r"out of memory outside a training step .* needs"):
@@ -140,6 +143,7 @@ def _weights(summary):
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 
+@pytest.mark.slow  # 5 CPU-s: the full tier
 def test_optimizer_release_leaves_training_bit_for_bit_the_same(tmp_path, table_path):
     common = ("trainer.max_epochs=3", "trainer.deterministic=true")
     off = train(config(table_path, *common), tmp_path / "off")
@@ -163,6 +167,7 @@ class _LiveAfterValidationBatches(L.Callback):
             self.live.append(live_tensors().live)
 
 
+@pytest.mark.slow  # 11 CPU-s: the full tier
 def test_live_bytes_stay_flat_over_50_validation_batches(tmp_path, long_table):
     probe = _LiveAfterValidationBatches()
     cfg = config(
@@ -218,6 +223,7 @@ class _LowerBudgetInValidation(L.Callback):
         live_tensors().budget = 4000 * MB  # the OOM is forced in validation steps only
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 def test_oom_in_validation_backs_off_and_gives_the_same_metrics(tmp_path, long_table):
     common = (
         "memory.budget_mb=4000",
@@ -237,6 +243,7 @@ def test_oom_in_validation_backs_off_and_gives_the_same_metrics(tmp_path, long_t
     )
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_the_search_s_first_guess_traces_no_batch_beyond_its_cap(monkeypatch):
     """The estimate only seeds the trials, which stop at max_batch_size: tracing beyond it cost
     the gpu_check's CPU dry run 28 s of its 34 s search."""

@@ -57,6 +57,7 @@ def test_onednn_workspace_formula_matches_the_real_kernel(seq_len, batch, hidden
     assert predicted == pytest.approx(grab.bytes, rel=1e-2)
 
 
+@pytest.mark.slow  # 9 CPU-s: the full tier
 @pytest.mark.parametrize(
     "overrides, batch_size",
     [
@@ -83,6 +84,7 @@ def _tensor_bytes() -> int:
     )
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 def test_a_measurement_frees_what_it_built(es_sample):
     """MemTracker's gradient hooks kept a measured step's parameters and gradients alive."""
     cfg = small(es_sample)
@@ -106,6 +108,7 @@ class _StepPeaks(L.Callback):
         self.peaks.append(live_tensors().peak)
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 @pytest.mark.parametrize(
     "model",
     [
@@ -150,6 +153,7 @@ def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model
     assert est.train.allocated == pytest.approx(real, rel=0.01)
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_parts_add_up_and_parameter_bytes_are_the_models(es_sample):
     cfg = small(es_sample)
     est = estimate(cfg, 8, device="cpu")
@@ -189,6 +193,7 @@ def test_max_batch_size_is_the_largest_that_fits(es_sample):
     assert estimate(cfg, best + 1, device="cpu").train.total > budget * MB
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_budget_below_batch_one_names_what_it_needs(es_sample):
     cfg = small(es_sample)
     with pytest.raises(ConfigError, match=r"batch size 1 needs \d+ MB .* mostly"):
@@ -227,6 +232,7 @@ def test_cli_prints_table_and_json(tmp_path, es_sample):
     assert list(tmp_path.iterdir()) == []  # plans only: no run directory
 
 
+@pytest.mark.slow  # 8 CPU-s: the full tier
 def test_cli_budget_too_small_is_one_line_exit_2(tmp_path, es_sample):
     result = run_estimate(
         f"data.path={es_sample}", "memory.budget_mb=4", "memory.safety_margin_mb=0", cwd=tmp_path
@@ -236,6 +242,7 @@ def test_cli_budget_too_small_is_one_line_exit_2(tmp_path, es_sample):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # 14 CPU-s: the full tier
 def test_planning_cuda_holds_cudnns_lstm_workspace_during_each_lstm_call(es_sample, monkeypatch):
     """A validation step planned for CUDA counts the workspace cuDNN allocates inside an LSTM
     call (the bound of foxhunt.memory.trace): the encoder's at least, over the same trace

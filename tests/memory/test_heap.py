@@ -31,6 +31,7 @@ print(json.dumps({"default": default, "kept": kept, "after": faults_per_block(8)
 """
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_a_freed_block_comes_back_without_page_faults():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer, tft
 from foxhunt.models.blocks import VariableSelectionNetwork
-from tests.helpers import make_batch
+from tests.helpers import ARCH, make_batch
 from tests.models.reference_tft import (
     RefVariableSelectionNetwork,
     load_from_grouped,
@@ -43,7 +43,7 @@ CONFIGS = {
 
 
 def build(name: str, **overrides) -> tuple[TemporalFusionTransformer, dict[str, torch.Tensor]]:
-    kwargs = dict(prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8)
+    kwargs = dict(ARCH, prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8)
     kwargs.update(CONFIGS[name])
     kwargs.update(overrides)
     model = TemporalFusionTransformer(**kwargs)
@@ -235,15 +235,9 @@ def test_overfits_a_small_batch() -> None:
 
 
 def test_parameter_count_matches_pytorch_forecasting_scale() -> None:
+    seven = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
     model = TemporalFusionTransformer(
-        num_observed=15,
-        num_known=0,
-        prediction_length=6,
-        hidden_dim=64,
-        num_heads=4,
-        lstm_layers=1,
-        variable_dim=16,
-        quantiles=(0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98),
+        **{**ARCH, "quantiles": seven}, num_observed=15, num_known=0, prediction_length=6
     )
     count = model.num_parameters()
     print(f"TFT parameters (16 encoder vars, hidden 64, 4 heads, 7 quantiles): {count:,}")
@@ -253,8 +247,8 @@ def test_parameter_count_matches_pytorch_forecasting_scale() -> None:
 
 
 def test_parameter_count_independent_of_lengths() -> None:
-    a = TemporalFusionTransformer(num_observed=3, num_known=1, prediction_length=2)
-    b = TemporalFusionTransformer(num_observed=3, num_known=1, prediction_length=30)
+    a = TemporalFusionTransformer(**ARCH, num_observed=3, num_known=1, prediction_length=2)
+    b = TemporalFusionTransformer(**ARCH, num_observed=3, num_known=1, prediction_length=30)
     assert a.num_parameters() == b.num_parameters()
 
 
@@ -279,7 +273,7 @@ def test_float64_forward_and_backward() -> None:
     ],
 )
 def test_invalid_config(kwargs) -> None:
-    base = dict(num_observed=2, num_known=1, prediction_length=3)
+    base = dict(ARCH, num_observed=2, num_known=1, prediction_length=3)
     base.update(kwargs)
     with pytest.raises(ConfigError):
         TemporalFusionTransformer(**base)
@@ -398,7 +392,9 @@ def test_monotone_quantiles_never_cross_for_any_weights(seed: int, scale: float,
 
 
 def model_kwargs(name: str) -> dict:
-    return dict(prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8, **CONFIGS[name])
+    return dict(ARCH, prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8) | dict(
+        CONFIGS[name]
+    )
 
 
 def test_the_monotone_head_keeps_the_median_and_needs_increasing_levels() -> None:

@@ -14,9 +14,10 @@ import torch
 from foxhunt.app.train import train
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
-from tests.helpers import ROOT, compose_train, make_batch, tiny_overrides
+from tests.helpers import ARCH, ROOT, compose_train, make_batch, tiny_overrides
 
 INIT = dict(
+    ARCH,
     num_observed=4,
     num_known=2,
     prediction_length=5,
@@ -101,6 +102,7 @@ def tiny(path, *extra):
     )
 
 
+@pytest.mark.slow  # 10 CPU-s: the full tier
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_run_exports_and_scores_the_int8_model(tmp_path, table_path, backend):
     cfg = tiny(table_path, "precision=int8", f"precision.backend={backend}", "trainer.max_epochs=2")
@@ -121,6 +123,7 @@ def _final_weights(summary):
     ]
 
 
+@pytest.mark.slow  # 14 CPU-s: the full tier
 def test_int8_resume_matches_an_uninterrupted_run(tmp_path, table_path):
     # (a schedule sized from max_epochs would differ between a 2-epoch and a 3-epoch run)
     common = ("precision=int8", "trainer.deterministic=true", "optim.schedule=none")
@@ -141,6 +144,7 @@ def test_bf16_trains_on_cpu(tmp_path, table_path):
     assert summary["metrics"]["test_loss"] > 0
 
 
+@pytest.mark.slow  # 10 CPU-s: the full tier
 def test_bf16_trains_on_a_cpu_whose_onednn_has_no_bf16(tmp_path, table_path):
     """A CPU without AVX-512 (a 2-core AMD EPYC with AVX2): oneDNN has no bf16 LSTM, which
     autocast would hand it (`could not create a primitive descriptor for the LSTM forward

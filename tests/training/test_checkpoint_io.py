@@ -93,6 +93,38 @@ def test_the_cli_entry_points_refuse_a_crafted_checkpoint(tmp_path, table_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    "group, key",
+    [
+        pytest.param(None, "_instantiator", id="lightning-instantiator"),
+        pytest.param("model", "future_field", id="a-later-model-field", marks=pytest.mark.slow),
+        pytest.param("precision", "fp4", id="a-later-precision-field", marks=pytest.mark.slow),
+    ],
+)
+def test_a_checkpoint_with_an_unknown_hyper_parameter_is_one_refusal_everywhere(
+    tmp_path, table_path, group, key
+):
+    ckpt = torch.load(LEGACY / "fp32.ckpt", weights_only=True)
+    target = ckpt["hyper_parameters"] if group is None else ckpt["hyper_parameters"][group]
+    target[key] = "os.system"  # Lightning's _instantiator names a class it would import and call
+    odd = tmp_path / "odd.ckpt"
+    torch.save(ckpt, odd)
+    shown = key if group is None else f"{group}.{key}"
+    with pytest.raises(CheckpointError, match=f"carry {shown}, which this foxhunt does not know"):
+        foxhunt.load(odd)
+    resume = [*tiny_overrides(table_path), f"ckpt_path={odd}"]
+    for command, args in [
+        ("predict.py", [f"ckpt_path={odd}"]),
+        ("export.py", [f"ckpt_path={odd}"]),
+        ("interpret.py", [f"ckpt_path={odd}"]),
+        ("train.py", resume),
+    ]:
+        result = run_cli(*args, f"hydra.run.dir={tmp_path / command}", cwd=tmp_path, script=command)
+        assert result.returncode == 2, (command, result.stderr[-2000:])
+        assert result.stderr.count("\n") == 1 and f"carry {shown}," in result.stderr, result.stderr
+
+
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_checkpoints_of_foxhunt_0_1_0_still_load_and_forecast_the_same(tmp_path):
     bars = write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 200}))
     data = {"path": str(bars), "group_column": "symbol"}
@@ -108,6 +140,7 @@ def test_checkpoints_of_foxhunt_0_1_0_still_load_and_forecast_the_same(tmp_path)
             np.testing.assert_allclose(got[c].to_numpy(), want_c, rtol=1e-5, atol=atol)
 
 
+@pytest.mark.slow  # 5 CPU-s: the full tier
 def test_fresh_checkpoints_need_nothing_beyond_the_weights_only_defaults(tmp_path, table_path):
     for precision in ("fp32", "int8"):
         cfg = compose_train(*tiny_overrides(table_path, f"precision={precision}"))
@@ -121,6 +154,7 @@ def test_fresh_checkpoints_need_nothing_beyond_the_weights_only_defaults(tmp_pat
         assert meta["schema"]["groups"] == ["AAA", "BBB"] and meta["init"]["hidden_dim"] == 64
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_a_failed_checkpoint_write_stops_the_run_loudly(tmp_path, table_path):
     """checkpoints/ made unwritable after epoch 0: before, the run exited 0 and its summary
     named a last.ckpt that still held epoch 0 (Lightning drops the PermissionError)."""

@@ -51,6 +51,7 @@ def test_resume_auto_with_nothing_to_resume_is_an_error(tmp_path, table_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # 3 CPU-s: the full tier
 def test_resume_auto_or_new_starts_fresh_when_allowed(tmp_path, table_path):
     args = (*tiny_overrides(table_path), "trainer.max_epochs=1", "resume=auto_or_new")
     summary = _summary(run_cli(*args, cwd=tmp_path))
@@ -79,6 +80,7 @@ def _val_losses(run_dir: Path, log: str = "csv") -> list[float]:
 EXACT = ("trainer.deterministic=true", "optim.schedule=cosine", "model.dropout=0.1")
 
 
+@pytest.mark.slow  # 9 CPU-s: the full tier
 def test_train_two_then_resume_to_four_equals_four_straight(tmp_path, table_path):
     # the cosine schedule is sized by optim.schedule_epochs, so it does not depend on when the
     # first run stops
@@ -124,6 +126,7 @@ class _Seen(L.Callback):
         self.rows.setdefault(trainer.current_epoch, []).extend(batch["index"].tolist())
 
 
+@pytest.mark.slow  # 11 CPU-s: the full tier
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_writes_a_checkpoint_and_resume_continues_the_epoch(tmp_path, table_path, signum):
     args = tiny_overrides(table_path, *EXACT, "trainer.max_epochs=2")
@@ -155,6 +158,7 @@ def test_interrupt_writes_a_checkpoint_and_resume_continues_the_epoch(tmp_path, 
     assert resumed["metrics"] == straight["metrics"]
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_path):
     run_dir = tmp_path / "run"
     first = train(compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), run_dir)
@@ -171,6 +175,7 @@ def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_pa
         assert Path(first["best_checkpoint"]).read_bytes() == best
 
 
+@pytest.mark.slow  # 13 CPU-s: the full tier
 def test_ctrl_c_on_the_cli_checkpoints_and_resume_auto_continues(tmp_path, table_path):
     args = tiny_overrides(table_path, "trainer.max_epochs=50")
     proc, last = train_until_a_checkpoint(args, tmp_path)  # epoch 0 done

@@ -26,6 +26,7 @@ def epoch_losses(run_dir: Path) -> list[float]:
         return [float(r["train_loss_epoch"]) for r in csv.DictReader(f) if r["train_loss_epoch"]]
 
 
+@pytest.mark.slow  # 4 CPU-s: the full tier
 def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_path):
     summary = train(compose_train(*tiny_overrides(table_path)), tmp_path / "run")
 
@@ -93,6 +94,7 @@ def test_resume_from_missing_checkpoint_fails_loudly(tmp_path, table_path):
         train(compose_train(*tiny_overrides(table_path, f"ckpt_path={missing}")), tmp_path / "r")
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_resume_with_other_model_is_refused(tmp_path, table_path):
     first = train(
         compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), tmp_path / "a"
@@ -113,6 +115,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, table_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_trainer_and_callback_arguments_are_passed_through(tmp_path, table_path):
     overrides = tiny_overrides(
         table_path,
@@ -272,6 +275,7 @@ def test_compiled_model_trains_and_resumes_eager(tmp_path, table_path):
     assert resumed["epochs"] == 2
 
 
+@pytest.mark.slow  # 6 CPU-s: the full tier
 def test_early_stopping_ends_on_the_best_epochs_weights(tmp_path, table_path):
     # y is a random walk of noise: the validation loss soon stops improving
     overrides = tiny_overrides(
@@ -296,6 +300,7 @@ def test_early_stopping_ends_on_the_best_epochs_weights(tmp_path, table_path):
     assert any(not torch.equal(v, last["state_dict"]["model." + k]) for k, v in exported.items())
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_a_run_stopped_at_the_ceiling_while_improving_says_so(tmp_path, table_path):
     summary = train(compose_train(*tiny_overrides(table_path)), tmp_path / "run")
     training = summary["training"]
@@ -304,6 +309,7 @@ def test_a_run_stopped_at_the_ceiling_while_improving_says_so(tmp_path, table_pa
     assert training["still_improving"] == (scores[1] < scores[0])
 
 
+@pytest.mark.slow  # 2 CPU-s: the full tier
 def test_the_schedule_sized_in_steps_ends_the_training(tmp_path, table_path):
     overrides = tiny_overrides(
         table_path,

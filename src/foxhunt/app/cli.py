@@ -1,25 +1,27 @@
-"""Entry-point plumbing shared by the scripts: `@cli.main(<config>)` composes a command's config
-with Hydra and routes its errors, `cli.run` starts it. A user's error (a FoxhuntError from the
-task, or a config Hydra cannot compose) is one line on stderr and exit 2; an interrupted run
-exits 128 + the signal; the user's own HYDRA_FULL_ERROR=1 gives the traceback instead. Nothing
-here changes the environment or module state: tests run many commands in one process."""
+"""Entry-point plumbing shared by the commands (`foxhunt.app.commands`): `cli.run` composes a
+command's config with Hydra, routes its errors and starts it. A user's error (a FoxhuntError
+from the task, or a config Hydra cannot compose) is one line on stderr and exit 2; an
+interrupted run exits 128 + the signal; the user's own HYDRA_FULL_ERROR=1 gives the
+traceback instead. Nothing here changes the environment or module state: tests run many
+commands in one process."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config import register_configs
@@ -31,32 +33,34 @@ from foxhunt.training.checkpointing import Interrupted
 
 EXIT_USER_ERROR = 2
 MAX_CHECKED_JOBS = 64  # a larger sweep's other combinations are composed by Hydra alone
+CONFIG_MODULE = "foxhunt.conf"  # the configs ship in the package: a wheel runs anywhere
 
 
-def main(config_name: str) -> Callable[[Callable[..., Any]], Callable[[], Any]]:
-    """`@hydra.main` for a script in scripts/, its configs in the repository's conf/, its task
-    wrapped by `task`; `run` checks the command line composes before Hydra starts."""
+@dataclass(frozen=True)
+class Command:
+    """One `foxhunt` command: its word, its config (`foxhunt/conf/<config>.yaml`), its Hydra
+    task, a line for `foxhunt --help`, and how it rewrites a resumed command line."""
 
-    def decorate(fn: Callable[..., Any]) -> Callable[[], Any]:
-        conf = Path(inspect.getfile(fn)).resolve().parent.parent / "conf"
-        hydra_main = hydra.main(version_base="1.3", config_path=str(conf), config_name=config_name)
-        command = hydra_main(task(fn))
-        command.check_composes = functools.partial(check_composes, conf, config_name)
-        return command
-
-    return decorate
+    name: str
+    config: str
+    fn: Callable[[DictConfig], Any]
+    about: str
+    resume: Callable[[list[str]], list[str]] = resume_sweep
 
 
 def _full_error() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user's switch, read, never set
 
 
-def task(fn: Callable[..., Any]) -> Callable[..., Any]:
+def task(fn: Callable[..., Any], words: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Wrap a Hydra task: a FoxhuntError becomes `error: <message>` on stderr and exit 2
-    (the traceback only with HYDRA_FULL_ERROR=1)."""
+    (the traceback only with HYDRA_FULL_ERROR=1). `words` (`train` of `foxhunt train`) go back
+    into sys.argv while the task runs: Hydra parses sys.argv[1:] as overrides, and Lightning's
+    DDP launcher starts the other processes by running sys.argv again."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sys.argv[1:1] = words
         try:
             return fn(*args, **kwargs)
         except FoxhuntError as exc:
@@ -76,6 +80,8 @@ def task(fn: Callable[..., Any]) -> Callable[..., Any]:
             print(f"interrupted: {exc}", file=sys.stderr)
             _record_status("interrupted", str(exc))
             sys.exit(128 + exc.signum)
+        finally:
+            del sys.argv[1 : 1 + len(words)]
 
     return wrapper
 
@@ -128,14 +134,14 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.islice(itertools.product(*choices), MAX_CHECKED_JOBS)]
 
 
-def check_composes(conf: Path, config_name: str, argv: list[str]) -> None:
+def check_composes(config_name: str, argv: list[str]) -> None:
     """ConfigError, naming the key and what it accepts, if a job of this command line does not
     compose; before Hydra starts, which would report it over several lines with exit 1."""
     flags = {a for a in argv if a.startswith("-")}
     if flags - {"-m", "--multirun"} or GlobalHydra.instance().is_initialized():
         return  # Hydra's own options (--cfg, -cn, ...), or inside a Hydra app: Hydra reports
     overrides = [a for a in argv if not a.startswith("-")]
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         try:
             for job in _jobs(overrides):
                 compose(config_name, job, return_hydra_config=True)
@@ -143,19 +149,21 @@ def check_composes(conf: Path, config_name: str, argv: list[str]) -> None:
             raise ConfigError(_one_line(exc)) from None
 
 
-def run(
-    command: Callable[[], Any],
-    resume: Callable[[list[str]], list[str]] = resume_sweep,
-) -> None:
-    """Start a `@cli.main` command: the intra-op threads set, the command line rewritten by
-    `resume` (into an earlier run's directory) and checked to compose, then Hydra."""
+def run(command: Command, words: tuple[str, ...] = ()) -> None:
+    """Start `command` with the overrides in sys.argv after `words`: the intra-op threads set,
+    the command line rewritten by the command's `resume` (into an earlier run's directory) and
+    checked to compose, then Hydra."""
     register_configs()
     use_cpus()  # intra-op threads: the CPUs this process may use (foxhunt.threads)
     try:
-        sys.argv[1:] = resume(sys.argv[1:])
+        overrides = command.resume(sys.argv[1 + len(words) :])
         if not _full_error():
-            command.check_composes(sys.argv[1:])
+            check_composes(command.config, overrides)
     except FoxhuntError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
-    command()
+    sys.argv[1:] = overrides
+    hydra_main = hydra.main(
+        version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=command.config
+    )
+    hydra_main(task(command.fn, words))()

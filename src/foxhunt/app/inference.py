@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config import DataConfig
@@ -49,8 +50,8 @@ def data_changes(data: DictConfig, overrides: list[str]) -> tuple[bool, dict[str
     """From the command line's overrides: whether a data option was chosen (`data=parquet`),
     and the data keys set (`data.path=...`), with their values in the composed `data`."""
     chosen, changes = False, OmegaConf.create({})
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.key_or_group
         if key == "data":
             chosen = True
         elif key.startswith("data."):

@@ -10,9 +10,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import required_checkpoint, run_device, training_data_config
+from foxhunt.app.inference import (
+    data_changes,
+    required_checkpoint,
+    run_device,
+    training_data_config,
+)
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
@@ -368,12 +373,10 @@ def _plot_fan(
     fig.savefig(path, dpi=100)
 
 
-def interpret_checkpoint(
-    cfg: DictConfig, out_dir: Path, data_overridden: bool = True
-) -> dict[str, Any]:
+def interpret_checkpoint(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """`interpret` for a checkpoint alone: its schema fixes the columns and normalization.
-    Without data overrides (`data_overridden=False`) the data config of the checkpoint's own
-    training run is used when it can be found."""
+    The data config is the checkpoint's own training run's (when found) with the command
+    line's data.* `overrides` on top, unless they choose a data option (`data=parquet`)."""
     required_checkpoint(cfg)
     if cfg.top_k <= 0 or cfg.windows_per_instrument < 0:
         raise ConfigError(
@@ -385,11 +388,9 @@ def interpret_checkpoint(
         raise ConfigError(f"out_dir={out_dir} is a file, not a directory")
     check_writable(out_dir)
     path, hparams, ckpt = read_checkpoint_hparams(cfg.ckpt_path)
-    data_cfg = cfg.data
-    if not data_overridden:
-        found = training_data_config(path)
-        if found is not None:
-            data_cfg = found
+    chosen, changes = data_changes(cfg.data, overrides)
+    trained = None if chosen else training_data_config(path)
+    data_cfg = cfg.data if trained is None else OmegaConf.merge(trained, changes)
     datamodule = ParquetDataModule(data_cfg, schema=DataSchema.from_dict(hparams["schema"]))
     datamodule.setup()
     module = load_module(ckpt).to(device)

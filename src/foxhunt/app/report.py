@@ -212,23 +212,28 @@ def _config_section(run_dir: Path, cfg: DictConfig, summary: dict[str, Any]) -> 
         lines += [f"Overrides: {shown}", ""]
     if summary.get("resumed_from"):
         lines += [f"Resumed from `{summary['resumed_from']}`", ""]
+    chosen = RunDir(run_dir).hydra / "hydra.yaml"
+    if chosen.is_file():  # the option of each config group (model=tft_small, memory=default)
+        choices = OmegaConf.load(chosen).hydra.runtime.choices
+        groups = [f"`{g}={c}`" for g, c in choices.items() if c and not g.startswith("hydra")]
+        lines += [f"Groups: {' '.join(groups)}", ""]
     keys = [
         "data.path",
         "data.target",
         "data.features",
         "data.encoder_length",
         "data.prediction_length",
-        "model.name",
         "model.hidden_dim",
         "model.num_heads",
         "model.lstm_layers",
         "model.dropout",
         "model.quantiles",
-        "precision.name",
+        "precision.trainer_precision",
+        "precision.qat",
         "optim.lr",
         "optim.schedule",
         "trainer.max_epochs",
-        "memory.name",
+        "memory.budget_mb",
         "seed",
     ]
     rows = []
@@ -403,7 +408,6 @@ def _memory_section(summary: dict[str, Any]) -> list[str]:
         ["training batch size (per process)", summary.get("batch_size")],
         ["validation batch size", summary.get("val_batch_size")],
         ["processes", summary.get("world_size", 1)],
-        ["memory policy", memory.get("policy")],
         ["device", memory.get("device")],
         ["peak memory MB", memory.get("peak_mb")],
     ]

@@ -406,7 +406,7 @@ def finish(
         if fitted.best:  # the best checkpoint carries its calibration (predict applies it)
             annotate_checkpoint(fitted.best, calibration=calibrated)
     summary["splits"] = datamodule.splits
-    summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
+    summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
         rolls = rolls_table(datamodule.rolls)
         write_atomic(run.path / ROLLS, lambda f: pacsv.write_csv(rolls, f))
@@ -431,7 +431,7 @@ def finish_validation(
         )
         summary["validation"] = portfolio_returns(table, datamodule.schema.target_kind, cfg.eval)
     summary["splits"] = datamodule.splits
-    summary["memory"] = memory_summary(cfg.memory.name, parts.memory, trainer.strategy.root_device)
+    summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     return summary
 
 
@@ -665,9 +665,9 @@ def _oom_is_a_user_error(cfg: DictConfig) -> Iterator[None]:
     ) from None
 
 
-def memory_summary(policy: str, callbacks: list[L.Callback], device: torch.device) -> dict:
+def memory_summary(callbacks: list[L.Callback], device: torch.device) -> dict:
     """What the memory policy did: sizes, backoffs, released state, the [MEMORY] lines."""
-    out: dict[str, Any] = {"policy": policy, "device": str(device)}
+    out: dict[str, Any] = {"device": str(device)}
     for cb in callbacks:
         if isinstance(cb, BatchSizeSearch):
             out["searched_batch_size"] = cb.batch_size

@@ -26,6 +26,10 @@ from foxhunt.models.blocks import (
     VariableSelectionNetwork,
 )
 
+# what a model saved by foxhunt 0.1 (its checkpoints, exports and int8 files) was built without:
+# blocks added since, absent from its constructor arguments, so off as it was trained
+BEFORE_0_2 = {"highway": False, "monotone": False}
+
 
 class TemporalFusionTransformer(nn.Module):
     """Multi-horizon quantile forecaster of Lim et al. (2021), Fig. 2.
@@ -58,14 +62,14 @@ class TemporalFusionTransformer(nn.Module):
         prediction_length: int,
         static_cardinalities: Sequence[int] = (),
         num_static_real: int = 0,
-        hidden_dim: int = 64,
-        num_heads: int = 4,
-        lstm_layers: int = 1,
-        dropout: float = 0.1,
-        variable_dim: int = 16,
-        quantiles: Sequence[float] = (0.1, 0.5, 0.9),
-        highway: bool = False,
-        monotone: bool = False,
+        hidden_dim: int,
+        num_heads: int,
+        lstm_layers: int,
+        dropout: float,
+        variable_dim: int,
+        quantiles: Sequence[float],
+        highway: bool,
+        monotone: bool,
     ) -> None:
         super().__init__()
         if min(num_observed, num_known, num_static_real) < 0:

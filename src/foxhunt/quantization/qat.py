@@ -44,7 +44,7 @@ with warnings.catch_warnings():
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.files import load_file, read_export, write_export
 from foxhunt.models.blocks import GroupedLinear
-from foxhunt.models.tft import TemporalFusionTransformer
+from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
 
 INT8_FORMAT = "foxhunt-int8"  # the `format` in an int8 export's metadata
 _explained = False
@@ -333,7 +333,7 @@ def load_int8(path: str | Path) -> TemporalFusionTransformer:
     dynamically quantized (int8 kernels)."""
     explain_deprecation()
     blob = read_int8(path)
-    model = TemporalFusionTransformer(**blob["init"])
+    model = TemporalFusionTransformer(**{**BEFORE_0_2, **blob["init"]})
     state = {k: v.float() if v.is_floating_point() else v for k, v in blob["float"].items()}
     for key, entry in blob["int8"].items():
         state[key] = _dequant(entry["q"], entry["scale"], entry["shape"], entry["stacked"])

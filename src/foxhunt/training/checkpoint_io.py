@@ -15,7 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from foxhunt.errors import CheckpointError
 from foxhunt.files import load_file, write_atomic
-from foxhunt.training.module import TFTModule
+from foxhunt.training.module import TFTModule, check_hparams
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -29,16 +29,21 @@ class SafeCheckpointIO(TorchCheckpointIO):
         write_atomic(path, lambda f: torch.save(checkpoint, f))
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None):
-        return load_file(path, map_location or "cpu")
+        ckpt = load_file(path, map_location or "cpu")
+        check_hparams(ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None, path)
+        return ckpt
 
 
 def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
     """Resolve a checkpoint (or legacy `.pt` export) to an absolute path and load it safely,
-    or fail loudly."""
+    its hyper-parameters checked (`check_hparams`), or fail loudly."""
     path = Path(ckpt_path).expanduser().resolve()
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    return path, load_file(path)
+    ckpt = load_file(path)
+    if isinstance(ckpt, dict) and "hyper_parameters" in ckpt:
+        check_hparams(ckpt["hyper_parameters"], path)
+    return path, ckpt
 
 
 def read_checkpoint_hparams(ckpt_path: str | Path) -> tuple[Path, dict[str, Any], Any]:

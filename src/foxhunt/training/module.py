@@ -18,7 +18,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.schema import DataSchema
-from foxhunt.models import TemporalFusionTransformer
+from foxhunt.errors import CheckpointError
+from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
 from foxhunt.precision import precision_of
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
 from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validation_forward
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 class ModelHparams(TypedDict):
     """A ModelConfig as a dict."""
 
-    name: str
+    name: NotRequired[str]  # foxhunt 0.1's label of the model group's choice
     hidden_dim: int
     num_heads: int
     lstm_layers: int
@@ -61,11 +62,42 @@ class OptimHparams(TypedDict):
 class PrecisionHparams(TypedDict):
     """A PrecisionConfig as a dict."""
 
-    name: str  # fp32 | bf16 | int8
+    name: NotRequired[str]  # foxhunt 0.1's label: fp32 | bf16 | int8
     trainer_precision: str
+    qat: NotRequired[bool]  # int8
     backend: str  # torch.ao | torchao
     qat_start_epoch: int
     observer_epochs: int
+
+
+# what each group of a checkpoint's hyper_parameters may hold (None: checked by its own reader)
+HPARAMS: dict[str, type | None] = {
+    "model": ModelHparams,
+    "schema": DataSchema,
+    "optim": OptimHparams,
+    "precision": PrecisionHparams,
+}
+
+
+def check_hparams(hparams: Any, source: Any) -> None:
+    """Refuse, in one CheckpointError line, hyper_parameters that carry a key foxhunt does not
+    know: a later version's field, or Lightning's `_instantiator` (a class that
+    `load_from_checkpoint` would import and call). Nothing in them has run."""
+    if not isinstance(hparams, dict):
+        raise CheckpointError(f"{source} is not a foxhunt TFT checkpoint (no hyper_parameters)")
+    unknown = [k for k in hparams if k not in HPARAMS]
+    for group, spec in HPARAMS.items():
+        value = hparams.get(group)
+        if isinstance(value, dict):
+            fields = getattr(spec, "__dataclass_fields__", None) or (
+                spec.__required_keys__ | spec.__optional_keys__
+            )
+            unknown += [f"{group}.{k}" for k in value if k not in fields]
+    if unknown:
+        raise CheckpointError(
+            f"{source}: its hyper_parameters carry {', '.join(map(str, unknown))}, which this "
+            "foxhunt does not know (a later version's checkpoint, or not foxhunt's): refused"
+        )
 
 
 def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
@@ -82,8 +114,7 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "dropout": model["dropout"],
         "variable_dim": model["variable_dim"],
         "quantiles": list(model["quantiles"]),
-        "highway": model.get("highway", False),  # checkpoints before it have none
-        "monotone": model.get("monotone", False),  # nor before this
+        **{k: model.get(k, off) for k, off in BEFORE_0_2.items()},  # a 0.1 checkpoint's
     }
 
 
