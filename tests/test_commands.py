@@ -5,8 +5,11 @@ The commands' own behaviour is tested in their modules' tests (many in the full 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.helpers import TINY_MODEL, run_script, tiny_overrides
 
@@ -25,11 +28,15 @@ def test_train_writes_its_run_and_says_what_it_found(tiny_run):
     assert "skill" in tiny_run.out  # the lines for a person before the JSON line
 
 
-def test_predict_reuses_the_checkpoints_data_config_with_no_data_option(tiny_run, tmp_path):
+@pytest.mark.parametrize("where", ["in its run", "moved out of its run"])
+def test_predict_reuses_the_checkpoints_data_config_with_no_data_option(tiny_run, tmp_path, where):
     # trained with data=parquet; predict's own default is the ES sample, which must not apply
+    ckpt = tiny_run.ckpt
+    if where != "in its run":  # no <run>/.hydra beside it: the checkpoint carries the config
+        ckpt = Path(shutil.copy(ckpt, tmp_path / "moved.ckpt"))
     out = tmp_path / "p.parquet"
     code, stdout, err = run_script(
-        "predict.py", f"ckpt_path={tiny_run.ckpt}", f"predict.out={out}",
+        "predict.py", f"ckpt_path={ckpt}", f"predict.out={out}",
         "predict.all_windows=true", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert code == 0, err[-3000:]

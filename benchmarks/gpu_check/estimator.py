@@ -28,6 +28,7 @@ from foxhunt.memory import MB, estimate, measure
 from foxhunt.memory.budget import free_memory
 from foxhunt.memory.estimator import step_plan
 from foxhunt.memory.table import format_table
+from foxhunt.precision import name_of
 from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 
@@ -46,7 +47,7 @@ def real_steps(cfg: Any, batch_size: int, device: torch.device, sizes: Sizes) ->
     (`before`) and after (`after`) the case, everything of it freed: each case starts from the
     same state, and its peaks are read net of what was there."""
     plan = step_plan(cfg, device=device.type)
-    bf16 = plan.precision["name"] == "bf16"
+    bf16 = name_of(plan.precision) == "bf16"
     cuda = device.type == "cuda"
 
     def amp() -> torch.autocast:

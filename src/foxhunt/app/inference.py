@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.config import DataConfig
 from foxhunt.errors import ConfigError
 from foxhunt.run.dir import RunDir
+from foxhunt.training.checkpoint_io import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,21 @@ def run_device(name: str, key: str = "device") -> torch.device:
 
 
 def training_data_config(ckpt_path: Path) -> DictConfig | None:
-    """The data config of the run that wrote the checkpoint (<run>/checkpoints/x.ckpt beside
-    <run>/.hydra/config.yaml), if it is there."""
-    saved = RunDir.of_checkpoint(ckpt_path).config
-    if not saved.is_file():
+    """The data config of the run that wrote the checkpoint: the one the checkpoint carries,
+    else its run's (<run>/checkpoints/x.ckpt beside <run>/.hydra/config.yaml, where an export
+    or a checkpoint of foxhunt 0.2 finds it), if either is there."""
+    data = None
+    if ckpt_path.suffix == ".ckpt":
+        data = read_checkpoint(ckpt_path)[1].get("data_config")
+        if data is not None:
+            log.info("data: the config the checkpoint carries")
+    if data is None:
+        saved = RunDir.of_checkpoint(ckpt_path).config
+        data = OmegaConf.load(saved).get("data") if saved.is_file() else None
+        if data is not None:
+            log.info("data: the training run's config (%s)", saved.parent)
+    if not isinstance(data, (dict, DictConfig)):
         return None
-    data = OmegaConf.load(saved).get("data")
-    if not isinstance(data, DictConfig):
-        return None
-    log.info("data: the training run's config (%s)", saved.parent)
     # onto today's defaults: a run made before a data key existed lacks it
     known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
     return OmegaConf.merge(OmegaConf.structured(DataConfig), known)

@@ -341,6 +341,7 @@ def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
     precision: PrecisionHparams = _plain(cfg.precision)
     module = TFTModule(model=model, schema=schema.to_dict(), optim=optim, precision=precision)
     module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
+    module.data_config = _plain(cfg.data)
     return module
 
 

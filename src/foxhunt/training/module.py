@@ -198,6 +198,9 @@ class TFTModule(L.LightningModule):
         self.schema = DataSchema.from_dict(schema)
         self.model = build_model(model, self.schema, precision)
         self._compiled = False  # compiled in setup(), for the device (model.compile)
+        # the run's data config (plain containers), kept in its checkpoints beside the
+        # hyperparameters: not one of them, which a checkpoint must be able to rebuild alone
+        self.data_config: dict[str, Any] | None = None
         quantiles = list(model["quantiles"])
         self.register_buffer("quantiles", torch.tensor(quantiles), persistent=False)
         self.median_index = min(range(len(quantiles)), key=lambda i: abs(quantiles[i] - 0.5))
@@ -234,8 +237,12 @@ class TFTModule(L.LightningModule):
             "python": random.getstate(),
         }
         checkpoint["lr_schedule_steps"] = getattr(self, "_schedule_total", None)
+        if self.data_config is not None:  # predict, export and interpret read the same data
+            checkpoint["data_config"] = self.data_config
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.data_config is None:  # a resumed run keeps the data it runs on now
+            self.data_config = checkpoint.get("data_config")
         self._resumed_rng_states = checkpoint.get("rng_states")
         self._resumed_schedule_steps = checkpoint.get("lr_schedule_steps")
 
