@@ -381,7 +381,7 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     assert forecast["instrument"].to_pylist() == ["ES"] * 4
     assert forecast["target_time"].cast(pa.int64()).to_pylist() == times.tolist()
     # predict.py alike: data=es_fut_small has data.futures on and names contracts by symbol
-    # (this run has no .hydra/config.yaml to take the data config from)
+    # (data= replaces the data config the checkpoint carries)
     pq.write_table(nxt, tmp_path / "next.parquet")
     code, _, stderr = run_script(
         "predict.py",
@@ -401,7 +401,8 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     stitched, _ = continuous_table(
         nxt.cast(nxt.schema.set(0, pa.field("timestamp", pa.timestamp("ns")))), cfg
     )
-    plain = foxhunt.load(ckpt, {"group_column": "symbol"})
+    # the checkpoint carries its run's data config (futures on): off for a stitched series
+    plain = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": False}})
     want = plain.predict(stitched, all_windows=True)
     assert got.num_rows == want.num_rows > 0
     for column in ("origin_time", "horizon", "q0.1", "q0.5", "q0.9"):
