@@ -389,7 +389,7 @@ class PredictOptions:
 
 @dataclass
 class PredictConfig:
-    """conf/predict.yaml: `python scripts/predict.py ckpt_path=/abs/x.ckpt [data...]`."""
+    """conf/predict.yaml: `foxhunt predict ckpt_path=/abs/x.ckpt [data...]`."""
 
     data: DataConfig = MISSING
     ckpt_path: str | None = None
@@ -409,7 +409,7 @@ class ExportOptions:
 
 @dataclass
 class ExportConfig:
-    """conf/export.yaml: `python scripts/export.py ckpt_path=/abs/x.ckpt [export...]`."""
+    """conf/export.yaml: `foxhunt export ckpt_path=/abs/x.ckpt [export...]`."""
 
     data: DataConfig = MISSING
     ckpt_path: str | None = None
@@ -418,7 +418,7 @@ class ExportConfig:
 
 @dataclass
 class InterpretConfig:
-    """conf/interpret.yaml: `python scripts/interpret.py ckpt_path=/abs/x.ckpt [data...]`."""
+    """conf/interpret.yaml: `foxhunt interpret ckpt_path=/abs/x.ckpt [data...]`."""
 
     data: DataConfig = MISSING
     ckpt_path: str | None = None

@@ -21,14 +21,14 @@ from foxhunt.errors import CheckpointError, DataError
 from tests.helpers import FIVE_MIN, T0, make_table, ohlcv_cfg, with_, write_table
 
 
-def setup(cfg) -> ParquetDataModule:
+def set_up(cfg) -> ParquetDataModule:
     dm = ParquetDataModule(cfg)
     dm.setup()
     return dm
 
 
 def test_window_counts_and_boundaries(data_cfg):
-    dm = setup(data_cfg)
+    dm = set_up(data_cfg)
     E, H = data_cfg.encoder_length, data_cfg.prediction_length
     # both start at T0 (300 and 200 bars): the common timeline is AAA's 300 times, cut at
     # 60% and 80%; the embargo (H bars of the timeline) before each cut holds no target
@@ -75,7 +75,7 @@ def test_no_window_has_a_target_in_another_splits_period(tmp_path, data_cfg, laz
     (less the embargo before each cut), whatever the instrument's history."""
     cfg, cols = staggered_panel(tmp_path, data_cfg)
     cfg = with_(cfg, lazy=lazy, split=with_(cfg.split, embargo=embargo), cache_dir=str(tmp_path))
-    dm = setup(cfg)
+    dm = set_up(cfg)
     E, H = cfg.encoder_length, cfg.prediction_length
     cuts = {k: np.datetime64(v[:-1], "ns") for k, v in dm.splits["cuts"].items() if v and "_" in k}
     assert dm.splits["cuts"]["embargo"] == (H if embargo is None else embargo)
@@ -107,7 +107,7 @@ def test_no_window_has_a_target_in_another_splits_period(tmp_path, data_cfg, laz
 
 def test_explicit_cuts_and_a_split_left_empty(data_cfg):
     split = with_(data_cfg.split, val_start="2026-01-05T12:00", test_start="2026-01-05T20:00")
-    dm = setup(with_(data_cfg, split=split))
+    dm = set_up(with_(data_cfg, split=split))
     assert dm.splits["cuts"] == {
         "val_start": "2026-01-05T12:00:00Z",
         "test_start": "2026-01-05T20:00:00Z",
@@ -120,19 +120,19 @@ def test_explicit_cuts_and_a_split_left_empty(data_cfg):
     assert dm.splits["instruments"]["AAA"]["val"][0] == "2026-01-05T12:00:00Z"  # bar 144
     # a walk-forward fold: training targets from train_start, the test period ends at test_end
     fold = with_(split, train_start="2026-01-05T04:00", test_end="2026-01-05T22:00")
-    spans = setup(with_(data_cfg, split=fold)).splits["instruments"]["AAA"]
+    spans = set_up(with_(data_cfg, split=fold)).splits["instruments"]["AAA"]
     assert spans["train"][0] == "2026-01-05T04:00:00Z"
     assert spans["test"] == ["2026-01-05T20:00:00Z", "2026-01-05T21:55:00Z"]
     late = with_(data_cfg, split=with_(split, test_start="2027-01-01"))  # after the data
     with pytest.raises(DataError, match="^the test split has no complete window .*test from "):
-        setup(late)
+        set_up(late)
 
 
 def test_normalization_uses_train_rows_only(tmp_path, data_cfg):
     cols = make_table({"AAA": 300, "BBB": 200})
     cols["f2"][250:300] += 1000.0  # a shift inside AAA's test rows only
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "shift.parquet", cols)))
-    dm = setup(cfg)
+    dm = set_up(cfg)
     train = np.r_[0:180, 300:480]  # the rows before the validation period, of both
     f2 = dm.schema.encoder_columns.index("f2")
     assert dm.schema.input_mean[f2] == pytest.approx(cols["f2"][train].mean())
@@ -141,7 +141,7 @@ def test_normalization_uses_train_rows_only(tmp_path, data_cfg):
 
 
 def test_batch_matches_rows(data_cfg):
-    dm = setup(data_cfg)
+    dm = set_up(data_cfg)
     ds = dm.datasets["val"]
     batch = ds.__getitems__([0, 5])
     E, H = data_cfg.encoder_length, data_cfg.prediction_length
@@ -157,14 +157,14 @@ def test_batch_matches_rows(data_cfg):
 
 
 def test_schema_roles(data_cfg):
-    schema = setup(data_cfg).schema
+    schema = set_up(data_cfg).schema
     assert schema.observed == ["f1", "f2"] and schema.known == ["k1"]
     assert schema.encoder_columns == ["y", "f1", "f2", "k1"]
     assert schema.groups == ["AAA", "BBB"] and schema.num_features == 3
 
 
 def test_features_all_takes_numeric_columns(data_cfg):
-    schema = setup(with_(data_cfg, features="all", known_features=[])).schema
+    schema = set_up(with_(data_cfg, features="all", known_features=[])).schema
     assert schema.observed == ["f1", "f2", "k1"]
 
 
@@ -175,12 +175,12 @@ def test_directory_of_files(tmp_path, data_cfg):
     for symbol in ("AAA", "BBB"):
         part = {k: v[cols["symbol"] == symbol] for k, v in cols.items()}
         write_table(folder / f"{symbol}.parquet", part)
-    assert len(setup(with_(data_cfg, path=str(folder))).datasets["train"]) > 0
+    assert len(set_up(with_(data_cfg, path=str(folder))).datasets["train"]) > 0
 
 
 def test_ohlcv_features_on_sample(es_sample, data_cfg):
     cfg = ohlcv_cfg(data_cfg, es_sample)
-    dm = setup(cfg)
+    dm = set_up(cfg)
     assert dm.schema.target == "log_return" and dm.schema.target_kind == "return"
     assert dm.schema.target_center == 0.0  # a zero return stays zero after scaling
     assert len(dm.schema.known) > 0
@@ -197,9 +197,9 @@ def test_extra_features_ride_beside_the_derived_ones(tmp_path, es_sample, data_c
     signal = np.random.default_rng(0).normal(size=table.num_rows)
     path = tmp_path / "signal.parquet"
     pq.write_table(table.append_column("my_signal", pa.array(signal)), path)
-    plain = setup(ohlcv_cfg(data_cfg, tmp_path / "one.parquet"))
+    plain = set_up(ohlcv_cfg(data_cfg, tmp_path / "one.parquet"))
     for lazy in (False, True):
-        dm = setup(with_(ohlcv_cfg(data_cfg, path), extra_features=["my_signal"], lazy=lazy))
+        dm = set_up(with_(ohlcv_cfg(data_cfg, path), extra_features=["my_signal"], lazy=lazy))
         assert dm.schema.observed == [*plain.schema.observed, "my_signal"]
         got, want = dm.datasets["train"].inputs, plain.datasets["train"].inputs
         k = len(dm.schema.observed)  # [target, observed..., known...]: the last observed one
@@ -224,20 +224,20 @@ def test_extra_features_ride_beside_the_derived_ones(tmp_path, es_sample, data_c
 )
 def test_extra_features_bad_names(es_sample, data_cfg, extra, message):
     with pytest.raises(DataError) as err:
-        setup(with_(ohlcv_cfg(data_cfg, es_sample), extra_features=extra))
+        set_up(with_(ohlcv_cfg(data_cfg, es_sample), extra_features=extra))
     assert message in str(err.value)
 
 
 def test_missing_file(data_cfg):
     with pytest.raises(DataError, match="data file not found: .*nope.parquet"):
-        setup(with_(data_cfg, path="/nonexistent/nope.parquet"))
+        set_up(with_(data_cfg, path="/nonexistent/nope.parquet"))
 
 
 def test_not_parquet(tmp_path, data_cfg):
     bogus = tmp_path / "bars.parquet"
     bogus.write_text("timestamp,close\n1,2\n")
     with pytest.raises(DataError, match="cannot read .* as Parquet"):
-        setup(with_(data_cfg, path=str(bogus)))
+        set_up(with_(data_cfg, path=str(bogus)))
 
 
 @pytest.mark.parametrize(
@@ -250,7 +250,7 @@ def test_not_parquet(tmp_path, data_cfg):
 )
 def test_missing_column(data_cfg, change, message):
     with pytest.raises(DataError, match=message):
-        setup(with_(data_cfg, **change))
+        set_up(with_(data_cfg, **change))
 
 
 def test_nan_is_an_error_naming_column_and_count(tmp_path, data_cfg):
@@ -259,11 +259,11 @@ def test_nan_is_an_error_naming_column_and_count(tmp_path, data_cfg):
     cols["f1"][40] = np.inf
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "nan.parquet", cols)))
     with pytest.raises(DataError, match=r"NaN/inf values in instrument AAA: 'f1' \(4\)"):
-        setup(cfg)
+        set_up(cfg)
     # training windows of an instrument: its bars before the validation period (180 of both;
     # AAA 176 once 4 are dropped) less the embargo (4) and one window's span less one (19)
-    assert len(setup(with_(cfg, nan_policy="drop")).datasets["train"]) == 153 + 157
-    ffilled = setup(with_(cfg, nan_policy="ffill"))
+    assert len(set_up(with_(cfg, nan_policy="drop")).datasets["train"]) == 153 + 157
+    ffilled = set_up(with_(cfg, nan_policy="ffill"))
     assert len(ffilled.datasets["train"]) == 157 + 157
 
 
@@ -272,14 +272,14 @@ def test_unsorted_time(tmp_path, data_cfg):
     cols["timestamp"][[50, 51]] = cols["timestamp"][[51, 50]]
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "unsorted.parquet", cols)))
     with pytest.raises(DataError, match="not strictly increasing in instrument AAA at its row 51"):
-        setup(cfg)
+        set_up(cfg)
 
 
 def test_an_instrument_without_windows_in_a_split_is_said_once(tmp_path, data_cfg, caplog):
     cols = make_table({"AAA": 300, "BBB": 12})  # BBB: 12 bars, too few for one window
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "short.parquet", cols)))
     with caplog.at_level(logging.INFO, logger="foxhunt.data.datamodule"):
-        dm = setup(cfg)
+        dm = set_up(cfg)
     said = [r.getMessage() for r in caplog.records if "BBB" in r.getMessage()]
     assert said == [f"data: no {split} windows for BBB" for split in ("train", "val", "test")]
     assert dm.splits["instruments"]["BBB"] == {"train": None, "val": None, "test": None}
@@ -290,18 +290,18 @@ def test_non_numeric_feature(tmp_path, data_cfg):
     table = pa.table({**{k: v for k, v in cols.items()}, "f1": pa.array(cols["f1"].astype(str))})
     pq.write_table(table, tmp_path / "text.parquet")
     with pytest.raises(DataError, match="column 'f1' is string, expected a numeric column"):
-        setup(with_(data_cfg, path=str(tmp_path / "text.parquet"), time_unit="ns"))
+        set_up(with_(data_cfg, path=str(tmp_path / "text.parquet"), time_unit="ns"))
 
 
 def test_schema_mismatch_names_missing_and_extra(tmp_path, data_cfg):
-    trained = setup(data_cfg).schema
+    trained = set_up(data_cfg).schema
     other = with_(data_cfg, features=["f1", "k1"], known_features=[])
     with pytest.raises(CheckpointError, match="missing from the data: f2; extra in the data: none"):
         ParquetDataModule(other, schema=trained).setup()
 
 
 def test_fixed_schema_reuses_normalization(tmp_path, data_cfg):
-    trained = setup(data_cfg).schema
+    trained = set_up(data_cfg).schema
     cols = make_table({"AAA": 300, "BBB": 200}, seed=7)
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "new.parquet", cols)))
     dm = ParquetDataModule(cfg, schema=trained)
@@ -313,7 +313,7 @@ def test_reads_only_needed_columns(tmp_path, data_cfg):
     cols = make_table({"AAA": 300, "BBB": 200})
     cols["junk"] = np.array(["x"] * 500)  # unreadable as a feature, but never projected
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "extra.parquet", cols)))
-    assert setup(cfg).schema.observed == ["f1", "f2"]
+    assert set_up(cfg).schema.observed == ["f1", "f2"]
     assert Path(cfg.path).exists()
 
 
@@ -326,13 +326,13 @@ def test_an_instrument_with_nothing_left_is_named(tmp_path, data_cfg, policy, la
     with pytest.raises(
         DataError, match=f"^instrument BBB has no rows left after data.nan_policy={policy}"
     ):
-        setup(with_(cfg, nan_policy=policy, cache_dir=str(tmp_path / "cache")))
+        set_up(with_(cfg, nan_policy=policy, cache_dir=str(tmp_path / "cache")))
 
 
 def test_integers_beyond_float64_precision_load(tmp_path, data_cfg):
     cols = make_table({"AAA": 300, "BBB": 200})
     cols["f2"] = np.arange(500, dtype=np.int64) + 2**60  # not all exact in float64
-    dm = setup(with_(data_cfg, path=str(write_table(tmp_path / "big.parquet", cols))))
+    dm = set_up(with_(data_cfg, path=str(write_table(tmp_path / "big.parquet", cols))))
     assert dm.schema.input_mean[2] == pytest.approx(2.0**60)
 
 
@@ -343,9 +343,9 @@ def test_instrument_names_of_any_type(tmp_path, data_cfg, names, groups):
     cols = make_table({"AAA": 300, "BBB": 200})
     cols["symbol"] = np.where(cols["symbol"] == "AAA", *names)
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "names.parquet", cols)))
-    windows = len(setup(data_cfg).datasets["train"])
+    windows = len(set_up(data_cfg).datasets["train"])
     for lazy in (False, True):  # lazy: one row group of both, sorted out by instrument
-        dm = setup(with_(cfg, lazy=lazy, cache_dir=str(tmp_path / "cache")))
+        dm = set_up(with_(cfg, lazy=lazy, cache_dir=str(tmp_path / "cache")))
         assert dm.schema.groups == groups
         assert len(dm.datasets["train"]) == windows  # no rows lost
     assert [s.name for s in load_table(pq.read_table(cfg.path), cfg).series] == groups
@@ -369,16 +369,16 @@ def test_integer_times_need_their_unit(tmp_path, es_sample, data_cfg, unit):
     path = integer_times(es_sample, tmp_path / "int.parquet", unit)
     cfg = ohlcv_cfg(data_cfg, path)
     with pytest.raises(DataError) as err:
-        setup(cfg)
+        set_up(cfg)
     assert str(err.value) == (
         "time column 'timestamp' holds integers (int64) of no stated unit: values like "
         f"{pq.read_table(path)['timestamp'][0]} look like {TIME_UNITS[unit]}; "
         f"set data.time_unit={unit} (one of s, ms, us, ns)"
     )
     # in that unit: the same calendar features as the file's timestamps give
-    want = setup(ohlcv_cfg(data_cfg, es_sample)).datasets["train"].inputs
+    want = set_up(ohlcv_cfg(data_cfg, es_sample)).datasets["train"].inputs
     for lazy in (False, True):
-        got = setup(with_(cfg, time_unit=unit, lazy=lazy)).datasets["train"].inputs
+        got = set_up(with_(cfg, time_unit=unit, lazy=lazy)).datasets["train"].inputs
         assert torch.equal(got, want), f"lazy={lazy}"
 
 
@@ -399,7 +399,7 @@ def test_times_beyond_the_nanosecond_range(tmp_path, data_cfg):
     table = pa.table({**cols, "timestamp": pa.array(seconds).cast(pa.timestamp("s"))})
     pq.write_table(table, tmp_path / "far.parquet")
     with pytest.raises(DataError, match="^time column 'timestamp' has values out of range"):
-        setup(with_(data_cfg, path=str(tmp_path / "far.parquet")))
+        set_up(with_(data_cfg, path=str(tmp_path / "far.parquet")))
 
 
 # ---- values that would overflow float32 ----
@@ -411,7 +411,7 @@ def test_a_value_beyond_float32_is_named(tmp_path, data_cfg, lazy):
     cols["f2"][300 + 7] = 1e300  # BBB's row 7
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "huge.parquet", cols)), lazy=lazy)
     with pytest.raises(DataError) as err:
-        setup(with_(cfg, cache_dir=str(tmp_path / "cache")))
+        set_up(with_(cfg, cache_dir=str(tmp_path / "cache")))
     assert re.fullmatch(
         r"column 'f2' of instrument BBB holds 1e\+300 at its row 7( in .*huge.parquet)?, "
         r"beyond float32's range of \+-3.4e\+38: rescale the column",
@@ -425,7 +425,7 @@ def test_a_huge_close_is_named_before_features_are_derived(tmp_path, es_sample, 
     close[1000] = 1e300
     pq.write_table(table.set_column(5, "close", pa.array(close)), tmp_path / "es.parquet")
     with pytest.raises(DataError, match=r"^column 'close' of instrument ESH6 holds 1e\+300 at"):
-        setup(ohlcv_cfg(data_cfg, tmp_path / "es.parquet"))
+        set_up(ohlcv_cfg(data_cfg, tmp_path / "es.parquet"))
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -435,11 +435,11 @@ def test_a_value_overflowing_once_normalized_is_named(tmp_path, data_cfg, lazy):
     cols["f1"][290] = 1e30  # ... and, in the test rows, a value that fits float32 raw
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "far.parquet", cols)), lazy=lazy)
     with pytest.raises(DataError, match=r"^column 'f1' of instrument AAA is beyond float32's "):
-        setup(with_(cfg, cache_dir=str(tmp_path / "cache")))
+        set_up(with_(cfg, cache_dir=str(tmp_path / "cache")))
 
 
 def test_non_finite_statistics_of_a_checkpoint_are_named(data_cfg):
-    trained = setup(data_cfg).schema
+    trained = set_up(data_cfg).schema
     trained.input_std[2] = float("inf")  # what a run on a column holding 1e300 saved
     with pytest.raises(DataError, match=r"statistics of column 'f2' are not finite \(mean"):
         ParquetDataModule(data_cfg, schema=trained).setup()
@@ -464,7 +464,7 @@ def test_features_all_names_the_columns_it_skips(tmp_path, data_cfg, caplog, laz
     cfg = with_(cfg, lazy=lazy, cache_dir=str(tmp_path / "cache"))
     for _ in range(2):  # lazy: built, then reused
         with caplog.at_level(logging.WARNING, logger="foxhunt.data.datamodule"):
-            dm = setup(cfg)
+            dm = set_up(cfg)
         assert dm.schema.skipped == {"note": "string", "flag": "timestamp"}
         assert dm.schema.observed == ["f1", "f2", "k1"]
         assert "skipped by data.features=all: note (string), flag (timestamp)" in caplog.text
@@ -473,4 +473,4 @@ def test_features_all_names_the_columns_it_skips(tmp_path, data_cfg, caplog, laz
         "- Not numeric, so left out by `data.features=all`: `note` (string), `flag` (timestamp)"
         in _data_section(dm)
     )
-    assert setup(with_(cfg, features=["f1"])).schema.skipped == {}
+    assert set_up(with_(cfg, features=["f1"])).schema.skipped == {}

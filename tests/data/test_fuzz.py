@@ -58,6 +58,11 @@ def clipped(values: np.ndarray, dtype: type) -> np.ndarray:
     return np.clip(np.nan_to_num(values, nan=0.0), low, high).astype(dtype)
 
 
+def numpy_dtype(t: pa.DataType) -> np.dtype:
+    """A numeric arrow type's numpy dtype (`to_pandas_dtype` imports pandas on pyarrow 15)."""
+    return pa.array([], type=t).to_numpy().dtype
+
+
 def to_arrow(values: np.ndarray, nulls: np.ndarray, t: pa.DataType) -> pa.Array:
     """`values` as an Arrow array of type `t`, clipped or wrapped as a careless writer would."""
     mask = nulls if nulls.any() else None
@@ -71,14 +76,14 @@ def to_arrow(values: np.ndarray, nulls: np.ndarray, t: pa.DataType) -> pa.Array:
     if pa.types.is_boolean(t):
         return pa.array(values > 0, mask=mask)
     if pa.types.is_integer(t) and values.dtype.kind == "f":
-        return pa.array(clipped(values, t.to_pandas_dtype()), mask=mask)
+        return pa.array(clipped(values, numpy_dtype(t)), mask=mask)
     if pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_date(t):
         arr = pa.array(clipped(values, np.int64), pa.int64(), mask=mask)
         if t == pa.date32():
             arr = arr.cast(pa.int32(), safe=False)
         return arr.cast(t, safe=False)
     with np.errstate(over="ignore"):
-        return pa.array(values.astype(t.to_pandas_dtype()), mask=mask)
+        return pa.array(values.astype(numpy_dtype(t)), mask=mask)
 
 
 def rarely(draw) -> bool:

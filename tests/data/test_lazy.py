@@ -36,7 +36,7 @@ from tests.helpers import (
 LENGTHS = {"AAA": 300, "BBB": 200, "CCC": 250}
 
 
-def setup(cfg, schema=None) -> ParquetDataModule:
+def set_up(cfg, schema=None) -> ParquetDataModule:
     dm = ParquetDataModule(cfg, schema=schema)
     dm.setup()
     return dm
@@ -107,22 +107,22 @@ def cols() -> dict[str, np.ndarray]:
 
 @pytest.fixture
 def eager(tmp_path, data_cfg, cols) -> ParquetDataModule:
-    dm = setup(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", cols)), lazy=False))
+    dm = set_up(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", cols)), lazy=False))
     assert dm.store_path is None
     return dm
 
 
 @pytest.mark.parametrize("layout", [per_instrument, per_month, hive])
 def test_directory_matches_one_file(tmp_path, data_cfg, cols, eager, layout):
-    dm = setup(lazy(data_cfg, layout(tmp_path / "parts", cols), tmp_path))
+    dm = set_up(lazy(data_cfg, layout(tmp_path / "parts", cols), tmp_path))
     assert dm.store_path is not None and isinstance(dm.datasets["train"].inputs, torch.Tensor)
     assert_same(eager, dm)
 
 
 def test_eager_directory_matches_one_file(tmp_path, data_cfg, cols, eager):
     folder = per_month(tmp_path / "parts", cols)
-    assert_same(eager, setup(with_(data_cfg, path=str(folder), lazy=False)))
-    assert_same(eager, setup(with_(data_cfg, path=str(hive(tmp_path / "hive", cols)))))
+    assert_same(eager, set_up(with_(data_cfg, path=str(folder), lazy=False)))
+    assert_same(eager, set_up(with_(data_cfg, path=str(hive(tmp_path / "hive", cols)))))
 
 
 def test_one_file_in_small_row_groups(tmp_path, data_cfg, cols, eager):
@@ -130,12 +130,12 @@ def test_one_file_in_small_row_groups(tmp_path, data_cfg, cols, eager):
     arrays = {k: pa.array(v, pa.timestamp("ns", tz="UTC")) if k == "timestamp" else v
               for k, v in cols.items()}  # fmt: skip
     pq.write_table(pa.table(arrays), path, row_group_size=64)
-    assert_same(eager, setup(lazy(data_cfg, path, tmp_path)))
+    assert_same(eager, set_up(lazy(data_cfg, path, tmp_path)))
 
 
 def test_ohlcv_features_match(tmp_path, es_sample, data_cfg):
     cfg = ohlcv_cfg(data_cfg, es_sample)
-    assert_same(setup(with_(cfg, lazy=False)), setup(lazy(cfg, es_sample, tmp_path)))
+    assert_same(set_up(with_(cfg, lazy=False)), set_up(lazy(cfg, es_sample, tmp_path)))
 
 
 def test_moments_merge_like_numpy():
@@ -157,7 +157,7 @@ def test_moments_merge_like_numpy():
 def test_store_is_reused_and_rebuilt_when_the_data_changes(tmp_path, data_cfg, cols, monkeypatch):
     folder = per_instrument(tmp_path / "parts", cols)
     cfg = lazy(data_cfg, folder, tmp_path)
-    first = setup(cfg)
+    first = set_up(cfg)
     built = first.store_path
 
     def no_reading(cfg):
@@ -165,54 +165,54 @@ def test_store_is_reused_and_rebuilt_when_the_data_changes(tmp_path, data_cfg, c
 
     with monkeypatch.context() as m:
         m.setattr(store_module, "stream", no_reading)
-        again = setup(cfg)
+        again = set_up(cfg)
     assert again.store_path == built
     assert_same(first, again)
 
     changed = rows_of(make_table(LENGTHS, seed=9), make_table(LENGTHS)["symbol"] == "BBB")
     write_table(folder / "BBB.parquet", changed)
-    rebuilt = setup(cfg)
+    rebuilt = set_up(cfg)
     assert rebuilt.store_path != built and not built.exists()  # the stale store is removed
     assert rebuilt.schema.input_mean != first.schema.input_mean
 
     cfg = with_(cfg, val_fraction=0.25)  # a setting that changes the rows: a new key
-    other = setup(cfg)
+    other = set_up(cfg)
     assert other.store_path != rebuilt.store_path
-    assert setup(with_(cfg, batch_size=3)).store_path == other.store_path  # one that does not
+    assert set_up(with_(cfg, batch_size=3)).store_path == other.store_path  # one that does not
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [other.store_path.name]
 
 
 def test_store_with_a_missing_file_is_rebuilt(tmp_path, data_cfg, cols):
     cfg = lazy(data_cfg, per_instrument(tmp_path / "parts", cols), tmp_path)
-    first = setup(cfg)
+    first = set_up(cfg)
     (first.store_path / "inputs.f32").unlink()
-    again = setup(cfg)
+    again = set_up(cfg)
     assert again.store_path == first.store_path
     assert_same(first, again)
 
 
 def test_checkpoint_schema_fixes_the_normalization(tmp_path, data_cfg, cols, eager):
     folder = per_instrument(tmp_path / "parts", make_table(LENGTHS, seed=7))
-    dm = setup(lazy(data_cfg, folder, tmp_path), schema=eager.schema)
+    dm = set_up(lazy(data_cfg, folder, tmp_path), schema=eager.schema)
     assert dm.schema.input_mean == eager.schema.input_mean
     other = with_(lazy(data_cfg, folder, tmp_path), features=["f1", "k1"], known_features=[])
     with pytest.raises(CheckpointError, match="missing from the data: f2"):
-        setup(other, schema=eager.schema)
+        set_up(other, schema=eager.schema)
 
 
 def test_lazy_auto_and_bad_value(tmp_path, data_cfg, cols, monkeypatch):
     folder = per_instrument(tmp_path / "parts", cols)
     cfg = with_(data_cfg, path=str(folder), lazy="auto", cache_dir=str(tmp_path / "cache"))
-    assert setup(cfg).store_path is None  # small: in memory
+    assert set_up(cfg).store_path is None  # small: in memory
     monkeypatch.setattr(store_module, "LAZY_MEMORY_FRACTION", 0.0)
-    assert setup(cfg).store_path is not None
+    assert set_up(cfg).store_path is not None
     with pytest.raises(ConfigError, match="data.lazy must be auto, true or false, got 'sometimes'"):
-        setup(with_(cfg, lazy="sometimes"))
+        set_up(with_(cfg, lazy="sometimes"))
 
 
 def test_default_cache_dir_is_next_to_the_data(tmp_path, data_cfg, cols):
     folder = per_instrument(tmp_path / "parts", cols)
-    dm = setup(with_(data_cfg, path=str(folder), lazy="true"))
+    dm = set_up(with_(data_cfg, path=str(folder), lazy="true"))
     assert dm.store_path.parent == tmp_path / ".foxhunt-cache"
 
 
@@ -248,7 +248,7 @@ def test_a_file_that_is_not_parquet(tmp_path, data_cfg, cols):
     folder = per_instrument(tmp_path / "parts", cols)
     (folder / "BBB.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match="cannot read .*BBB.parquet as Parquet"):
-        setup(lazy(data_cfg, folder, tmp_path))
+        set_up(lazy(data_cfg, folder, tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -264,7 +264,7 @@ def test_a_file_that_is_not_parquet(tmp_path, data_cfg, cols):
 def test_errors_name_the_file(tmp_path, data_cfg, cols, spoil, message):
     folder = per_month(tmp_path / "parts", cols, spoil=spoil)
     with pytest.raises(DataError, match=message) as err:
-        setup(lazy(data_cfg, folder, tmp_path))
+        set_up(lazy(data_cfg, folder, tmp_path))
     assert str(folder / "m1.parquet") in str(err.value) and "\n" not in str(err.value)
     assert not list((tmp_path / "cache").glob("*")), "a failed build leaves nothing behind"
 
@@ -295,9 +295,9 @@ def test_files_of_different_types_read_as_one_file(tmp_path, data_cfg):
     middle = np.array_split(np.unique(t), 3)[1]  # the second file's times
     in_middle = (t >= middle[0]) & (t <= middle[-1])
     same = {**cols, "f2": np.where(in_middle, cols["f2"] + 0.5, cols["f2"])}
-    one = setup(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", same)), lazy=False))
-    assert_same(one, setup(with_(data_cfg, path=str(folder), lazy=False)))
-    assert_same(one, setup(lazy(data_cfg, folder, tmp_path)))
+    one = set_up(with_(data_cfg, path=str(write_table(tmp_path / "one.parquet", same)), lazy=False))
+    assert_same(one, set_up(with_(data_cfg, path=str(folder), lazy=False)))
+    assert_same(one, set_up(lazy(data_cfg, folder, tmp_path)))
 
 
 def test_empty_files_add_nothing(tmp_path, data_cfg, cols, eager):
@@ -306,12 +306,12 @@ def test_empty_files_add_nothing(tmp_path, data_cfg, cols, eager):
     nothing = rows_of(cols, np.zeros(len(cols["y"]), bool))
     part = {k: v for k, v in nothing.items() if k != "symbol"}  # the directory names it
     write_table(folder / "symbol=DDD" / "part-0.parquet", part)
-    assert_same(eager, setup(lazy(data_cfg, folder, tmp_path)))
-    assert_same(eager, setup(with_(data_cfg, path=str(folder), lazy=False)))
+    assert_same(eager, set_up(lazy(data_cfg, folder, tmp_path)))
+    assert_same(eager, set_up(with_(data_cfg, path=str(folder), lazy=False)))
     empty = write_table(tmp_path / "empty.parquet", nothing)
     for cfg in (lazy(data_cfg, empty, tmp_path), with_(data_cfg, path=str(empty), lazy=False)):
         with pytest.raises(DataError, match="empty.parquet has no rows$"):
-            setup(with_(cfg, group_column=None))
+            set_up(with_(cfg, group_column=None))
 
 
 # ---- features constant over the training split ----
@@ -323,17 +323,17 @@ def test_a_feature_constant_over_the_training_split_is_dropped_alike(tmp_path, d
     cols["f2"] = np.where(late, cols["f2"], 5.0)
     caplog.set_level("INFO")
     one = write_table(tmp_path / "one.parquet", cols)
-    eager = setup(with_(data_cfg, path=str(one), lazy=False))
+    eager = set_up(with_(data_cfg, path=str(one), lazy=False))
     assert eager.splits["cuts"]["val_start"] <= str(np.datetime64(int(T0 + 200 * FIVE_MIN), "ns"))
     assert eager.schema.dropped == {"f2": CONSTANT} and eager.schema.observed == ["f1"]
     assert eager.datasets["train"].inputs.shape[1] == 3  # y, f1, k1
     assert caplog.text.count("dropped 1 feature(s) constant over the training split: f2") == 1
-    assert_same(eager, setup(lazy(data_cfg, per_month(tmp_path / "parts", cols), tmp_path)))
+    assert_same(eager, set_up(lazy(data_cfg, per_month(tmp_path / "parts", cols), tmp_path)))
 
     # a checkpoint's model was trained without it: dropped from data where it varies, too
     varied = per_instrument(tmp_path / "varied", make_table(LENGTHS, seed=4))
     for cfg in (with_(data_cfg, path=str(varied), lazy=False), lazy(data_cfg, varied, tmp_path)):
-        dm = setup(cfg, schema=eager.schema)
+        dm = set_up(cfg, schema=eager.schema)
         assert dm.schema.dropped == {"f2": CONSTANT} and dm.schema.observed == ["f1"]
         assert dm.datasets["train"].inputs.shape[1] == 3
     windows = build_windows(pq.read_table(one), with_(data_cfg, path=str(one)), eager.schema, True)
@@ -364,12 +364,12 @@ def test_futures_lazy_match_eager(tmp_path, layout):
         month = pc.strftime(table["timestamp"], "%Y-%m").to_numpy(zero_copy_only=False)
         for m in np.unique(month):
             pq.write_table(table.filter(pa.array(month == m)), folder / f"{m}.parquet")
-    eager = setup(futures_cfg(one, 3, tmp_path / "cache"))
-    lazy_dm = setup(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
+    eager = set_up(futures_cfg(one, 3, tmp_path / "cache"))
+    lazy_dm = set_up(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
     assert lazy_dm.store_path is not None and eager.schema.groups == ["ES", "NQ"]
     assert len(eager.rolls) == 14 and lazy_dm.rolls == eager.rolls
     assert_same(eager, lazy_dm)
-    reused = setup(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
+    reused = set_up(with_(futures_cfg(folder, 3, tmp_path / "cache"), lazy=True))
     assert reused.rolls == eager.rolls  # from the store's meta.json, not read again
 
 
@@ -378,10 +378,10 @@ def test_a_positive_controls_panel_gives_the_same_windows_lazily(tmp_path):
     # in-memory path's: the control's training (tests/evaluation) holds for both
     control = make_control("observed", tmp_path, instruments=6, bars=600)
     cfg = compose_train(*control.overrides, f"data.cache_dir={tmp_path / 'cache'}").data
-    eager_dm = setup(cfg)
+    eager_dm = set_up(cfg)
     lazy_cfg = cfg.copy()
     lazy_cfg.lazy = True
-    lazy_dm = setup(lazy_cfg)
+    lazy_dm = set_up(lazy_cfg)
     assert lazy_dm.store_path is not None and "signal" in eager_dm.schema.observed
     assert_same(eager_dm, lazy_dm)
 
@@ -397,12 +397,12 @@ def test_a_run_without_a_test_period_reads_nothing_from_its_end(tmp_path, data_c
     path = layout(tmp_path / "data", spoiled)
     split = SplitConfig(val_start=iso_time(int(times[130])), test_start=iso_time(cut))
     split.test_end = split.test_start
-    eager_dm = setup(with_(data_cfg, path=str(path), lazy=False, split=split))
-    assert_same(eager_dm, setup(lazy(with_(data_cfg, split=split), path, tmp_path)))
+    eager_dm = set_up(with_(data_cfg, path=str(path), lazy=False, split=split))
+    assert_same(eager_dm, set_up(lazy(with_(data_cfg, split=split), path, tmp_path)))
     assert len(eager_dm.datasets["test"]) == 0 and len(eager_dm.datasets["val"]) > 0
     assert int(eager_dm.datasets["val"].time_ns.max()) < cut
     with pytest.raises(DataError, match="NaN/inf values"):  # the cut is what spares them
-        setup(
+        set_up(
             with_(
                 data_cfg, path=str(path), lazy=False, split=SplitConfig(test_start=split.test_end)
             )

@@ -1,4 +1,4 @@
-"""Walk-forward backtests: `python scripts/backtest.py [train.py's overrides] backtest.folds=5`.
+"""Walk-forward backtests: `foxhunt backtest [train's overrides] backtest.folds=5`.
 
 The last `folds x test_span` bars of the common timeline (every distinct time of any instrument)
 are the folds' test periods, consecutive and in order. Fold k validates on the `val_span` bars
@@ -169,7 +169,7 @@ def check(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    """scripts/backtest.py: every fold of cfg.backtest in `out_dir` (or the one fold
+    """foxhunt backtest: every fold of cfg.backtest in `out_dir` (or the one fold
     backtest.fold, `out_dir` being its run directory), continuing what an earlier attempt
     left there; returns the backtest's summary (or the fold's)."""
     check(cfg)
@@ -578,6 +578,6 @@ class BacktestSweep(SweepSummary):
 
 
 def resume_argv(argv: list[str], root: Path = Path("outputs")) -> list[str]:
-    """scripts/backtest.py's command line, sent into the earlier backtest it resumes
+    """foxhunt backtest's command line, sent into the earlier backtest it resumes
     (`foxhunt.run.resume.resume_backtest`)."""
     return resume_backtest(argv, PLAN, root)

@@ -1,6 +1,6 @@
 """Serve a trained TFT outside Python: `model.onnx` and `model.json`.
 
-`python scripts/export.py ckpt_path=/abs/best.ckpt [export.out=DIR] [export.opset=18]`, or
+`foxhunt export ckpt_path=/abs/best.ckpt [export.out=DIR] [export.opset=18]`, or
 `foxhunt.app.export.export_onnx(path, out_dir)`, writes into the run directory
 (outputs/export/<date>/<time>/) or export.out:
 
@@ -606,7 +606,7 @@ def _futures(cfg: DictConfig) -> dict[str, Any]:
 
 
 def export_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """scripts/export.py: export, print where and the parity, then one JSON line."""
+    """foxhunt export: export, print where and the parity, then one JSON line."""
     required_checkpoint(cfg)
     opts = cfg.export
     chosen, changes = data_changes(cfg.data, overrides)

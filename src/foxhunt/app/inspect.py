@@ -1,10 +1,10 @@
-"""scripts/inspect_data.py: what foxhunt will make of a data file, before a long run.
+"""foxhunt inspect: what foxhunt will make of a data file, before a long run.
 
 The instruments (their spans, gaps, listings and delistings), the bar size and calendars, the
 futures contracts and their roll schedule, the feature plan, the windows of each split with the
 calendar cuts, a training step's memory estimate and a measured time per batch; and every
-problem `train.py` would refuse, all at once: the config's, the columns', each instrument's.
-The windows and features come from the same `ParquetDataModule` that train.py builds, so they
+problem `foxhunt train` would refuse, all at once: the config's, the columns', each instrument's.
+The windows and features come from the same `ParquetDataModule` that training builds, so they
 are what it will use."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def inspect_data(cfg: DictConfig, time_batches: bool = True) -> Inspection:
 
 
 def _read(d: Any, out: Inspection) -> tuple[pa.Table, Any]:
-    """The columns train.py reads, in its common types; a column of a type it refuses is a
+    """The columns training reads, in its common types; a column of a type it refuses is a
     problem, read as zeros so that every other check still runs."""
     dataset = open_dataset(d.path)
     plan = column_plan(dataset, d)

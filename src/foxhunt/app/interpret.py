@@ -1,6 +1,6 @@
 """What a trained TFT looks at and how well its quantiles are calibrated, over the test split:
 variable importance (mean selection weights), attention by lag, observed coverage of each
-quantile, written as `interpretation.json` and PNG plots (`python scripts/interpret.py`)."""
+quantile, written as `interpretation.json` and PNG plots (`foxhunt interpret`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Forecasts from a trained TFT on new bars, in the target's own units.
 
 In Python `foxhunt.load(path).predict(table_or_path)`; on the command line
-`python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`
+`foxhunt predict ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`
 (`foxhunt.app.predict_cli`). The model is a checkpoint (.ckpt, run in float32)
 or an export (`model_fp32.safetensors`; `model_int8.safetensors` on CPU). Its schema fixes the
 columns, the normalization and the window lengths; the data config (column names,

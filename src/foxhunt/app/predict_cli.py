@@ -1,4 +1,4 @@
-"""The predict command line: `python scripts/predict.py ckpt_path=/abs/best.ckpt data.path=x`
+"""The predict command line: `foxhunt predict ckpt_path=/abs/best.ckpt data.path=x`
 forecasts with `foxhunt.app.predict`, writes predictions.parquet (into the run directory or
 predict.out) and prints a preview and where it wrote."""
 
@@ -56,7 +56,7 @@ def output_path(out: str | Path, data: str | None, overwrite: bool) -> Path:
 
 
 def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """scripts/predict.py: predict, write predictions.parquet, print a preview and where."""
+    """foxhunt predict: predict, write predictions.parquet, print a preview and where."""
     required_checkpoint(cfg)
     opts = cfg.predict
     chosen, changes = data_changes(cfg.data, overrides)

@@ -54,7 +54,7 @@ def _job(job_dir: Path) -> dict[str, Any]:
         "metric_name": metric_name,
     }
     summary, status = run.summary, run.status
-    if not summary.exists():  # a job of scripts/backtest.py: its folds pooled
+    if not summary.exists():  # a job of foxhunt backtest: its folds pooled
         summary = job_dir / "backtest_summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())

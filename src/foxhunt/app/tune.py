@@ -1,4 +1,4 @@
-"""scripts/tune.py: an Optuna study over walk-forward validation periods, pruned per fold and
+"""foxhunt tune: an Optuna study over walk-forward validation periods, pruned per fold and
 epoch, in a storage several processes and machines share; then the winner refit on every
 backtest fold and scored once on the test periods, beside the strongest baseline, with the
 deflated Sharpe ratio and the probability of backtest overfitting of having chosen it

@@ -316,7 +316,7 @@ def load_table(table: pa.Table, cfg: Any) -> Loaded:
 def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = None) -> Loaded:
     """The series of a table in the common types (with data.futures: one per root).
     `problems`: each instrument's DataError appended there, its series left out, instead of
-    raising the first (scripts/inspect_data.py lists them all)."""
+    raising the first (foxhunt inspect lists them all)."""
     cfg = plan.cfg
     if (end := read_end(cfg)) is not None:
         table = table.filter(pa.array(time_ns_of(table, cfg) < end))

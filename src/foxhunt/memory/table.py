@@ -1,6 +1,6 @@
 """A step's peak memory by part as a text table, one column per step or model.
 
-scripts/estimate_memory.py prints the estimate with it and the benchmarks their measurements,
+foxhunt estimate-memory prints the estimate with it and the benchmarks their measurements,
 so a part (`foxhunt.memory.PART_NAMES`, plus the CUDA reserve and context of a plan) reads the
 same everywhere.
 """

@@ -271,6 +271,9 @@ class TemporalFusionTransformer(nn.Module):
             c0.expand(self.lstm_layers, -1, -1).contiguous(),
         )
         encoder_output, state = self.lstm_encoder(encoder_input, state)
+        # torch 2.11's torch.export, with a dynamic batch, gives the state as (layers, 1, batch,
+        # hidden); a reshape back to 3-D (a view in eager) lets the decoder take it
+        state = tuple(s.reshape(self.lstm_layers, -1, s.shape[-1]) for s in state)
         decoder_output, _ = self.lstm_decoder(decoder_input, state)
         return encoder_output, decoder_output
 
