@@ -428,3 +428,37 @@ def command_of(script: str) -> str:
     """The `foxhunt` command a scripts/ shim runs (inspect_data.py: inspect)."""
     name = script.removesuffix(".py")
     return {"inspect_data": "inspect", "estimate_memory": "estimate-memory"}.get(name, name)
+
+
+def checked_run(*cmd: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, (cmd, done.stdout[-2000:], done.stderr[-3000:])
+    return done
+
+
+def tracked_copy(dst: Path) -> Path:
+    """The checkout's files that git does not ignore, copied to `dst` as a fresh clone has them
+    (a wheel built in the checkout itself takes stale files from its build/ and egg-info)."""
+    git = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # not one deleted since the last commit
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dst / name)
+    return dst
+
+
+def pip_env() -> dict[str, str]:
+    """This environment's variables without those that point pip or python at it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
+def build_wheels(dist: Path) -> tuple[Path, Path]:
+    """foxhunt's and foxhunt-serve's wheels, built in `dist` from a copy of the checkout."""
+    source = tracked_copy(dist.parent / "source")
+    for project in (source / "serve", source):
+        checked_run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", dist, project, cwd=dist.parent, env=pip_env())  # fmt: skip
+    return next(dist.glob("foxhunt-*.whl")), next(dist.glob("foxhunt_serve-*.whl"))

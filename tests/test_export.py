@@ -5,12 +5,14 @@ ES futures sample (derived OHLCV features, calendar inputs, contracts rolled int
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import runpy
 import shutil
 import subprocess
 import sys
+import venv
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +27,9 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
+
+from foxhunt_serve import cli, forecast  # noqa: E402
+from foxhunt_serve.errors import InputError  # noqa: E402
 
 import foxhunt  # noqa: E402
 from foxhunt.app.export import (  # noqa: E402
@@ -61,11 +66,14 @@ from foxhunt.training.module import TFTModule, model_init  # noqa: E402
 from tests.helpers import (  # noqa: E402
     DAY,
     ROOT,
+    build_wheels,
+    checked_run,
     compose_train,
     contracts_table,
     listing,
     make_table,
     ns,
+    pip_env,
     run_script,
     shared_dir,
     tiny_overrides,
@@ -74,7 +82,7 @@ from tests.helpers import (  # noqa: E402
 
 H = 4  # both models' forecast steps
 TAIL = 30  # rows per instrument in the plain model's prediction file, the last H to forecast
-CONSUMER = ROOT / "examples" / "onnx_predict.py"
+EXAMPLE = ROOT / "examples" / "onnx_predict.py"
 QUANTILE_COLUMNS = ("q0.1", "q0.5", "q0.9")
 SMALL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
 BRIEF = ("trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1")
@@ -97,11 +105,10 @@ def _trained(cfg, run: Path) -> Path:
 
 
 def consumer(*args: str) -> tuple[int, str, str]:
-    """examples/onnx_predict.py's main, in this process: (exit code, stdout, stderr)."""
+    """The foxhunt-serve command, in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    main = runpy.run_path(str(CONSUMER))["main"]
     with redirect_stdout(out), redirect_stderr(err):
-        code = main([str(a) for a in args])
+        code = cli.main([str(a) for a in args])
     return code, out.getvalue(), err.getvalue()
 
 
@@ -396,11 +403,10 @@ def test_the_consumer_needs_neither_torch_nor_foxhunt(futures, tmp_path):
         "        if name.split('.')[0] in ('torch', 'foxhunt'):\n"
         "            raise ImportError(f'{name} is blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "sys.argv = sys.argv[1:]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "runpy.run_module('foxhunt_serve', run_name='__main__')\n"
     )
     out = tmp_path / "blocked.parquet"
-    args = [str(CONSUMER), str(futures.export), str(futures.data), str(out), "--all-windows"]
+    args = [str(futures.export), str(futures.data), str(out), "--all-windows"]
     done = subprocess.run(
         [sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=300
     )
@@ -410,6 +416,34 @@ def test_the_consumer_needs_neither_torch_nor_foxhunt(futures, tmp_path):
     )
     assert code == 0, stderr
     assert pq.read_table(out).equals(pq.read_table(tmp_path / "here.parquet"))
+
+
+@pytest.mark.slow  # 30 CPU-s, and pip installs numpy, pyarrow and onnxruntime: the full tier
+def test_the_serving_package_alone_forecasts_as_predict_without_torch(futures, tmp_path):
+    """foxhunt-serve's wheel in a fresh virtualenv, with its dependencies and nothing else:
+    torch and foxhunt do not import there, and its forecasts are predict's."""
+    _, serve_wheel = build_wheels(tmp_path / "dist")
+    fresh = tmp_path / "venv"
+    venv.create(fresh, with_pip=False)
+    python, env = fresh / "bin" / "python", pip_env()
+    checked_run(sys.executable, "-m", "pip", "--python", python, "install", "-q", serve_wheel,
+                cwd=tmp_path, env=env)  # fmt: skip
+    for absent in ("torch", "foxhunt"):
+        probe = subprocess.run([python, "-c", f"import {absent}"], capture_output=True, env=env)
+        assert probe.returncode == 1 and b"ModuleNotFoundError" in probe.stderr, absent
+    served = tmp_path / "served.parquet"
+    args = (futures.export, futures.data, served, "--all-windows")
+    checked_run(fresh / "bin" / "foxhunt-serve", *args, cwd=tmp_path, env=env)
+    code, _, stderr = run_script(
+        "predict.py",
+        f"ckpt_path={futures.ckpt}",
+        f"data.path={futures.data}",
+        f"predict.out={tmp_path / 'predict.parquet'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "predict.all_windows=true",
+    )
+    assert code == 0, stderr
+    _same_forecasts(pq.read_table(served), pq.read_table(tmp_path / "predict.parquet"))
 
 
 def test_consumer_bad_input_is_one_line(plain, tmp_path):
@@ -434,6 +468,19 @@ def test_consumer_bad_input_is_one_line(plain, tmp_path):
     (changed / ONNX_FILE).write_bytes(b"")
     code, _, stderr = consumer(changed, plain.data, tmp_path / "out.parquet")
     assert code == 2 and "is not the one model.json describes" in stderr
+
+
+def test_the_example_prints_each_instruments_latest_forecast(plain, capsys):
+    """examples/onnx_predict.py: one line per instrument and step, its quantiles in order, the
+    median foxhunt-serve's."""
+    main = runpy.run_path(str(EXAMPLE))["main"]
+    assert main(str(plain.export), str(plain.data)) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert sorted({r[0] for r in rows}) == ["AAA", "BBB"] and len(rows) == 2 * H
+    low, median, high = (np.array([float(r[k]) for r in rows]) for k in (2, 3, 4))
+    assert (low <= median).all() and (median <= high).all()
+    served = forecast.predict(plain.export, plain.data)
+    np.testing.assert_array_equal(median, served.column("q0.5").to_numpy())
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -536,8 +583,10 @@ def test_the_inference_path_of_the_fused_vsn():
 
 @pytest.fixture(scope="module")
 def port() -> dict:
-    """examples/onnx_predict.py's functions (it is a script, not a module of the package)."""
-    return runpy.run_path(str(CONSUMER))
+    """foxhunt_serve's functions by name."""
+    names = ("calibration", "features", "futures", "read", "series", "windows")
+    modules = [importlib.import_module(f"foxhunt_serve.{name}") for name in names]
+    return {k: v for m in modules for k, v in vars(m).items()} | {"InputError": InputError}
 
 
 def test_the_consumer_derives_the_features_as_foxhunt(port, es_sample):

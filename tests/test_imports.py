@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections import defaultdict
 from graphlib import CycleError, TopologicalSorter
 
@@ -116,3 +117,19 @@ def test_the_architecture_doc_is_these_layers():
     rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| ")][1:]
     table = [(layer.strip(), set(re.findall(r"`([^`]+)`", files))) for layer, files in rows]
     assert table == [(layer, {_file(n) for n in names}) for layer, names in LAYERS]
+
+
+SERVING = {"numpy", "pyarrow", "onnxruntime", "foxhunt_serve"}  # serve/pyproject.toml's
+
+
+def test_the_serving_core_imports_its_own_dependencies_alone():
+    """foxhunt_serve (serve/) imports the standard library, numpy, pyarrow and onnxruntime:
+    nothing of foxhunt or torch, which a serving machine does not install."""
+    imported = set()
+    for path in (ROOT / "serve" / "src" / "foxhunt_serve").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+    assert imported - sys.stdlib_module_names - {"__future__"} == SERVING

@@ -21,8 +21,8 @@ int8 grid, as `foxhunt.load` runs it, except the LSTMs: float32 of their int8 we
 no counterpart of). model.onnx is written before model.json, and model.json holds its SHA-256:
 a directory with a model.json holds a whole export.
 
-`examples/onnx_predict.py` is the reference consumer (numpy, pyarrow and onnxruntime only);
-docs/export.md describes the inputs for other runtimes.
+`foxhunt_serve` (serve/, the foxhunt-serve command) is the reference consumer (numpy, pyarrow
+and onnxruntime only); docs/export.md describes the inputs for other runtimes.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ CHECK_BATCH_SIZES = (1, 7)  # verified at export
 PARITY_RTOL = {"fp32": 1e-4, "int8": 1e-2}
 
 # How each derived input is computed, for a consumer to implement (foxhunt.data.features has
-# the definitions; examples/onnx_predict.py implements them in numpy). c close, h high, l low,
+# the definitions; foxhunt_serve.features implements them in numpy). c close, h high, l low,
 # v volume, r_t = log(c_t / c_{t-1}), x_t = log1p(max(v_t, 0)); a window w covers rows t-w+1..t.
 DERIVATIONS = {
     "log_return": "r_t = log(c_t / c_{t-1}); NaN at the first row (the target)",

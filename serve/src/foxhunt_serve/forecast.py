@@ -1,0 +1,108 @@
+"""The exported model over the windows: the forecast table predict writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from foxhunt_serve.calibration import calibrate
+from foxhunt_serve.errors import InputError
+from foxhunt_serve.export import read_export
+from foxhunt_serve.windows import Windows, build_windows
+
+
+def forecast(
+    session: ort.InferenceSession, meta: dict[str, Any], w: Windows, batch_size: int
+) -> np.ndarray:
+    """The quantiles [windows, H, Q] in the target's units, calibrated."""
+    e, h = meta["encoder_length"], meta["prediction_length"]
+    n_observed = len(meta["inputs"][0]["features"])
+    names = {spec["name"] for spec in meta["inputs"]}
+    out = np.empty((len(w.starts), h, len(meta["quantiles"])), np.float32)
+    for start in range(0, len(w.starts), batch_size):
+        s = w.starts[start : start + batch_size]
+        enc = w.rows[s[:, None] + np.arange(e)]
+        feed = {"encoder_observed": enc[..., :n_observed]}
+        if "encoder_known" in names:
+            feed["encoder_known"] = enc[..., n_observed:]
+            feed["decoder_known"] = w.rows[s[:, None] + np.arange(e, e + h)][..., n_observed:]
+        g = w.group[start : start + batch_size]
+        if "static_real" in names:
+            feed["static_real"] = w.static[g]
+        if "instrument" in names:
+            feed["instrument"] = g
+        feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
+        out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
+    values = calibrate(out.astype(np.float64), w, meta) * meta["target"]["std"]
+    return values + meta["target"]["mean"]
+
+
+def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """Int64 nanoseconds as the input's time type (timestamps keep their time zone)."""
+    mask = None if valid is None else ~valid
+    if pa.types.is_timestamp(time_type):
+        return pa.array(ns, pa.timestamp("ns", tz=time_type.tz), mask=mask)
+    if pa.types.is_date(time_type):
+        return pa.array(ns, pa.timestamp("ns"), mask=mask)
+    return pa.array(ns, pa.int64(), mask=mask)
+
+
+def output(w: Windows, values: np.ndarray, columns: list[str], time_type: pa.DataType) -> pa.Table:
+    n, h, _ = values.shape
+    actual = w.actual.ravel()
+    return pa.table(
+        {
+            "instrument": pa.array(np.repeat(w.instrument, h), pa.string()),
+            "origin_time": times(np.repeat(w.origin_ns, h), time_type),
+            "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
+            "target_time": times(w.target_ns.ravel(), time_type, w.target_time_known.ravel()),
+            **{c: pa.array(values[:, :, j].ravel()) for j, c in enumerate(columns)},
+            "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
+        }
+    )
+
+
+def predict(
+    export_dir: Path, data: Path, all_windows: bool = False, batch_size: int = 256, threads: int = 0
+) -> pa.Table:
+    """The forecasts of the exported model for the bars in `data`, as predict.py's table."""
+    meta, model = read_export(export_dir)
+    try:
+        table = pq.read_table(data)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
+    # aci adapts to the realized targets of the instrument's past windows: forecast them too
+    adapts = (meta.get("calibration") or {}).get("method") == "aci"
+    windows = build_windows(table, meta, all_windows or adapts, str(data))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    values = forecast(session, meta, windows, batch_size)
+    if adapts and not all_windows:  # then only each instrument's latest
+        latest = build_windows(table, meta, False, str(data))
+        every = zip(windows.instrument, windows.origin_ns, strict=True)
+        at = {(str(n), int(o)): i for i, (n, o) in enumerate(every)}
+        wanted = zip(latest.instrument, latest.origin_ns, strict=True)
+        keep = [at[(str(n), int(o))] for n, o in wanted]
+        windows, values = latest, values[keep]
+    time_type = table.schema.field(meta["data"]["time_column"]).type
+    return output(windows, values, meta["output"]["columns"], time_type)
+
+
+def write_atomic(table: pa.Table, out: Path) -> None:
+    """A temp file beside `out`, fsynced, then renamed over it: whole or not there."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)

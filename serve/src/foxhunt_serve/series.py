@@ -1,0 +1,118 @@
+"""One instrument's rows checked, the NaN policy applied and its features made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from foxhunt_serve.errors import InputError
+from foxhunt_serve.features import Ohlcv, calendar
+from foxhunt_serve.futures import continuous
+from foxhunt_serve.read import as_float, group_codes, time_ns
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class Series:
+    name: str
+    time_ns: np.ndarray
+    features: dict[str, np.ndarray]  # the model's observed and known inputs, float64
+    static: dict[str, float]
+    target: np.ndarray
+
+
+def non_finite(cols: dict[str, np.ndarray], policy: str, name: str) -> np.ndarray:
+    """The rows kept under the NaN policy (error, ffill, drop); fills `cols` in place."""
+    bad = {c: int((~np.isfinite(v)).sum()) for c, v in cols.items()}
+    bad = {c: n for c, n in bad.items() if n}
+    keep = np.ones(len(next(iter(cols.values()))), dtype=bool)
+    if not bad:
+        return keep
+    if policy == "error":
+        listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
+        raise InputError(f"NaN/inf values in instrument {name}: {listed} (the model's NaN policy)")
+    for c, v in cols.items():
+        if policy == "ffill":
+            last = np.maximum.accumulate(np.where(np.isfinite(v), np.arange(len(v)), -1))
+            cols[c] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
+            keep &= last >= 0  # leading values with nothing to carry forward are dropped
+        else:
+            keep &= np.isfinite(v)
+    return keep
+
+
+def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> Series:
+    """One instrument's rows checked, NaN handled and its features made."""
+    data, features = meta["data"], meta["features"]
+    for c, v in cols.items():
+        if (np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)).any():
+            raise InputError(f"column '{c}' of instrument {name} holds values beyond float32")
+    if (np.diff(t) <= 0).any():
+        raise InputError(
+            f"time column '{data['time_column']}' is not strictly increasing in instrument "
+            f"{name}; sort the file by instrument and time"
+        )
+    keep = non_finite(cols, data["nan_policy"], name)
+    t, cols = t[keep], {c: v[keep] for c, v in cols.items()}
+    if len(t) == 0:
+        raise InputError(f"instrument {name} has no rows left after the NaN policy")
+    warmup, bars = 0, None
+    if data["ohlcv"] is not None:
+        bars = Ohlcv(t, cols, data["ohlcv"])
+        warmup = min(data["ohlcv"]["warmup_rows"], len(t))
+    made = {}
+    for feature, spec in features.items():
+        if spec["role"] == "static":
+            continue
+        if spec["source"] == "column":
+            made[feature] = cols[spec["column"]]
+        elif spec["source"] == "derived":
+            made[feature] = bars.feature(spec["family"], spec.get("window", 1))
+        else:
+            made[feature] = calendar(t, feature)
+        if not np.isfinite(made[feature][warmup:]).all():
+            raise InputError(f"feature {feature} is not finite in {name}")
+    static = {}
+    for feature, spec in features.items():
+        if spec["role"] == "static":
+            v = cols[spec["column"]]
+            if np.ptp(v) > 0:
+                raise InputError(f"static feature '{feature}' varies within instrument {name}")
+            static[feature] = float(v[0])
+    target = made.pop(meta["target"]["name"])
+    kept = {k: v[warmup:] for k, v in made.items()}
+    return Series(name, t[warmup:], kept, static, target[warmup:])
+
+
+def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series]:
+    """Every instrument's series, in the order of their names."""
+    data = meta["data"]
+    wanted = [data["time_column"], *([data["group_column"]] if data["group_column"] else [])]
+    wanted += data["columns_read"]
+    futures = data["futures"]
+    if futures is not None:
+        wanted += [c for c in (futures["roll"]["expiry_column"], futures["root_column"]) if c]
+    missing = [c for c in dict.fromkeys(wanted) if c not in table.column_names]
+    if missing:
+        raise InputError(
+            f"missing column(s) {', '.join(missing)} in {path}; "
+            f"the file has: {', '.join(table.column_names)}"
+        )
+    if table.num_rows == 0:
+        raise InputError(f"{path} has no rows")
+    if futures is not None:
+        table = continuous(table, data)
+    t = time_ns(table, data["time_column"], data["time_unit"])
+    codes, names = group_codes(table, data["group_column"])
+    values = {c: as_float(table, c) for c in data["columns_read"]}
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    series = []
+    for g, name in enumerate(names):
+        rows = order[bounds[g] : bounds[g + 1]]
+        series.append(make_series(meta, name, t[rows], {c: v[rows] for c, v in values.items()}))
+    return series
