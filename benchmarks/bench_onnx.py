@@ -5,7 +5,7 @@
 
 For each model (tft_small on the bundled sample's 23 features; tft_base with
 data.ohlcv.num_features=225, as benchmarks/bench_precision.py sizes them), untrained weights:
-the export as `scripts/export.py` makes it (`foxhunt.app.export.to_onnx`: torch.export, then
+the export as `scripts/export.py` makes it (`foxhunt.precision.onnx.to_onnx`: torch.export, then
 torch.onnx), then the forward pass of PyTorch eager (`torch.inference_mode`, the fused variable
 selection's inference path) and of ONNX Runtime's CPU provider on the same random windows,
 alternating (eager, ONNX Runtime, eager, ...) so that drift of a shared machine hits both
@@ -30,8 +30,10 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 
-from foxhunt.app.export import (
-    MIN_OPSET,
+from foxhunt.conf import CONF_DIR
+from foxhunt.config import MIN_OPSET, register_configs
+from foxhunt.data.schema import footer_schema
+from foxhunt.precision.onnx import (
     OUTPUT,
     OnnxModel,
     difference,
@@ -39,9 +41,6 @@ from foxhunt.app.export import (
     onnx_session,
     to_onnx,
 )
-from foxhunt.conf import CONF_DIR
-from foxhunt.config import register_configs
-from foxhunt.data.schema import footer_schema
 from foxhunt.training.module import build_model
 
 MODELS = {

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
-from foxhunt.app.train import make_callbacks, make_logger, make_trainer
+from foxhunt.app.assemble import make_callbacks, make_logger, make_trainer
 from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, register_configs, validate
 from foxhunt.errors import ConfigError
 from foxhunt.training.checkpointing import BestCheckpoint

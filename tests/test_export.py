@@ -32,30 +32,24 @@ from foxhunt_serve import cli, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402
 
 import foxhunt  # noqa: E402
-from foxhunt.app.export import (  # noqa: E402
-    JSON_FILE,
-    ONNX_FILE,
+from foxhunt.app.export import JSON_FILE, ONNX_FILE, export_dir, export_onnx  # noqa: E402
+from foxhunt.app.predict import build_windows  # noqa: E402
+from foxhunt.app.train import train  # noqa: E402
+from foxhunt.config import DataConfig  # noqa: E402
+from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
+from foxhunt.data.futures import continuous_table  # noqa: E402
+from foxhunt.data.schema import footer_schema  # noqa: E402
+from foxhunt.data.serving import data_section  # noqa: E402
+from foxhunt.models import fused_vsn  # noqa: E402
+from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
+from foxhunt.precision.onnx import (  # noqa: E402
     ExportError,
     Int8Grid,
-    data_section,
     difference,
-    export_dir,
-    export_onnx,
     exportable,
     onnx_feed,
     onnx_session,
 )
-from foxhunt.app.predict import build_windows  # noqa: E402
-from foxhunt.app.train import train  # noqa: E402
-from foxhunt.config import DataConfig  # noqa: E402
-from foxhunt.data.columns import OHLCV_FIELDS  # noqa: E402
-from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
-from foxhunt.data.features import derive_features, feature_plan, ohlcv_spec  # noqa: E402
-from foxhunt.data.futures import continuous_table  # noqa: E402
-from foxhunt.data.read import _handle_non_finite  # noqa: E402
-from foxhunt.data.schema import footer_schema  # noqa: E402
-from foxhunt.models import fused_vsn  # noqa: E402
-from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
 from foxhunt.quantization.qat import (  # noqa: E402
     _QuantizeInput,
     export_int8,
@@ -294,7 +288,8 @@ def test_the_int8_export_exports(int8):
     (whose LSTMs also quantize their activations): close, not equal."""
     assert int8.precision == "int8" and int8.verification["max_rel_diff"] <= 1e-2
     predictor = foxhunt.load(int8.path)
-    model, _ = exportable(foxhunt.load(int8.path), int8.path)
+    loaded = foxhunt.load(int8.path)
+    model, _ = exportable(loaded.model, loaded.schema, loaded.precision, int8.path)
     session = onnx_session(int8.export / ONNX_FILE)
     for batch in (1, 7, 1024):
         windows = int8.dataset.__getitems__([i % len(int8.dataset) for i in range(batch)])
@@ -508,7 +503,7 @@ def test_export_errors_are_one_line(plain, tmp_path):
     assert export_dir(taken, overwrite=True) == taken.resolve()
     qat = SimpleNamespace(precision={"name": "int8"}, model=torch.nn.Linear(1, 1))
     with pytest.raises(ExportError, match="export the int8 export its run wrote beside it"):
-        exportable(qat, plain.ckpt)
+        exportable(qat.model, None, qat.precision, plain.ckpt)
 
 
 @torch.library.custom_op("foxhunt_test::opaque", mutates_args=())
@@ -589,39 +584,6 @@ def port() -> dict:
     return {k: v for m in modules for k, v in vars(m).items()} | {"InputError": InputError}
 
 
-def test_the_consumer_derives_the_features_as_foxhunt(port, es_sample):
-    """Every feature family, also those the default model leaves out (momentum, the extension
-    grid's windows), equal to foxhunt.data.features' to the bit."""
-    table = pq.read_table(es_sample).slice(0, 1500)  # one contract
-    t = pc.cast(table["timestamp"], pa.int64()).to_numpy()
-    cols = {c: table[c].to_numpy().astype(np.float64) for c in OHLCV_FIELDS}
-    spec = ohlcv_spec(momentum_windows=(4, 16), num_features=60)
-    want = derive_features(t, *(cols[c] for c in OHLCV_FIELDS), spec)
-    bars = port["Ohlcv"](t, cols, {c: c for c in OHLCV_FIELDS})
-    observed, known = feature_plan(spec)
-    assert {fam for fam, _ in observed} == {"logret", "rvol", "volz", "range", "clv", "mom"}
-    for fam, w in observed:
-        got = bars.feature(fam, w)
-        np.testing.assert_array_equal(got, want.observed[f"{fam}_{w}"].astype(np.float64))
-    np.testing.assert_array_equal(bars.feature("log_return", 1), want.target.astype(np.float64))
-    for name in known:
-        np.testing.assert_array_equal(port["calendar"](t, name), want.known[name])
-
-
-@pytest.mark.parametrize("policy", ["ffill", "drop"])
-def test_the_consumer_applies_the_nan_policy_as_foxhunt(port, policy):
-    rng = np.random.default_rng(0)
-    cols = {c: rng.normal(size=50) for c in ("a", "b")}
-    cols["a"][[0, 7, 8]] = np.nan
-    cols["b"][[20, 49]] = np.inf
-    want, keep = _handle_non_finite({c: v.copy() for c, v in cols.items()}, policy, "X")
-    got = dict(cols)
-    kept = port["non_finite"](got, policy, "X")
-    np.testing.assert_array_equal(kept, keep)
-    for c in cols:
-        np.testing.assert_array_equal(got[c][kept], want[c])
-
-
 @pytest.mark.parametrize(
     ("rule", "adjust"),
     [("volume", "ratio"), ("days_before_expiry", "difference"), ("fixed", "none")],
@@ -636,7 +598,7 @@ def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
     table = pq.read_table(es_sample)
     want, rolls = continuous_table(table, cfg)
     assert len(rolls) == 1
-    got = port["continuous"](table, data_section(cfg, footer_schema(cfg)))
+    got, _ = port["continuous"](table, data_section(cfg, footer_schema(cfg)))
     assert got.equals(want)
 
 
@@ -670,13 +632,13 @@ def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
     for cut in cuts:
         part = table.filter(pc.less_equal(t, cut))
         want, rolls = continuous_table(part, cfg)
-        got = port["continuous"](part, data_section(cfg, footer_schema(cfg)))
+        got, _ = port["continuous"](part, data_section(cfg, footer_schema(cfg)))
         assert got.equals(want), cut
         held.add(rolls[-1].to_id)
     assert held == {"ESU7", "ESZ7"}
     if confirm == 400:
         cfg.futures.roll.strict = True
-        with pytest.raises(port["InputError"], match="ESH6 and ESM6: no roll signal"):
+        with pytest.raises(port["InputError"], match="contracts ESH6 and ESM6 overlap on"):
             port["continuous"](table, data_section(cfg, footer_schema(cfg)))
 
 

@@ -17,7 +17,7 @@ SRC = ROOT / "src"
 # named by its packages (foxhunt.data, ...) or modules (foxhunt.app.cli, ...); "" is the
 # foxhunt package itself (foxhunt.load)
 LAYERS = [
-    ("bottom", {"errors", "files", "config", "conf", "threads", "run"}),
+    ("bottom", {"errors", "files", "config", "checks", "conf", "threads", "run"}),
     ("data and models", {"data", "models"}),
     ("evaluation", {"evaluation"}),  # pure functions over forecasts
     ("quantization", {"quantization"}),
@@ -29,14 +29,24 @@ LAYERS = [
         {
             "app",
             "app.train",
+            "app.assemble",
+            "app.ddp",
             "app.predict",
             "app.inference",
             "app.interpret",
             "app.report",
+            "app.report_figures",
+            "app.report_markdown",
+            "app.report_scores",
+            "app.report_plots",
+            "app.console",
             "app.sweep",
             "app.export",
             "app.backtest",
+            "app.backtest_pool",
+            "app.backtest_report",
             "app.tune",
+            "app.study",
             "app.tune_report",
             "app.inspect",
         },

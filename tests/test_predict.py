@@ -12,14 +12,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve.windows import future_steps
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt.app.predict import _future_steps, build_windows
+from foxhunt.app.predict import build_windows
 from foxhunt.app.train import train
 from foxhunt.data.features import derive_features
-from foxhunt.data.horizon import Future
-from foxhunt.data.read import Series
+from foxhunt.data.horizon import Future, known_at
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
@@ -202,14 +202,14 @@ def test_future_times_continue_at_the_bar_interval():
     """With only calendar known inputs (features=ohlcv), missing future rows are made up from
     the most common bar step (a session gap does not count), their target_time unknown."""
     t = np.array([0, 5, 10, 100, 105, 110]) * 60 * 10**9  # a gap after the third bar
-    s = Series("ES", t, np.zeros((6, 0)), np.zeros((6, 5)), np.zeros(0), np.zeros(6))
     cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
     given = Future(t[-1:] + FIVE_MIN, {})
-    times, from_data, known = _future_steps(s, given, cfg, 3)
+    times, from_data, user = future_steps("ES", t, given, 3, [])
     np.testing.assert_array_equal(times, t[-1] + FIVE_MIN * np.arange(1, 4))
-    assert from_data.tolist() == [True, False, False]
+    assert from_data.tolist() == [True, False, False] and user == {}
     ones = np.ones(3)
     calendar = derive_features(times, ones, ones, ones, ones, ones).known
+    known = known_at(cfg, times, user)
     np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
 
 

@@ -1,13 +1,12 @@
-"""Structured config schemas (one dataclass per Hydra group, and each command's: all registered
-by `register_configs`) and the semantic checks run after composition, before any data is read."""
+"""Structured config schemas: one dataclass per Hydra group, and each command's, all registered
+by `register_configs`. The semantic checks run after composition, before any data is read, live
+in `foxhunt.checks`; `validate` and `parse_time` are importable from here too."""
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import typing
 from dataclasses import dataclass, field, make_dataclass
-from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -15,7 +14,9 @@ import lightning as L
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from foxhunt.errors import ConfigError
+# the checks on these schemas (foxhunt.checks), re-exported for the commands that compose them
+from foxhunt.checks import parse_time as parse_time
+from foxhunt.checks import validate as validate
 
 # The closed sets of string values. A value outside one fails at composition, naming the
 # allowed ones. StrEnum: each member is its string (`cfg.nan_policy == "ffill"` holds, f-strings
@@ -164,10 +165,6 @@ class DataConfig:
     cache_dir: str | None = None  # the window store's folder; None: .foxhunt-cache by the data
 
 
-# torch.compile's modes, which model.compile also takes
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
 @dataclass
 class ModelConfig:
     """The TFT's architecture; these defaults are model=tft_small (the one place they live)."""
@@ -184,7 +181,8 @@ class ModelConfig:
     monotone: bool = True
     # torch.compile the model (inductor): auto (the measured default of the device it trains
     # on, foxhunt.training.module.COMPILE_BY_DEVICE), true, false, or one of torch.compile's
-    # modes (reduce-overhead: CUDA graphs); not part of the architecture, so resume may toggle it
+    # modes (foxhunt.checks.COMPILE_MODES; reduce-overhead: CUDA graphs); not part of the
+    # architecture, so resume may toggle it
     compile: Any = "auto"
 
 
@@ -242,7 +240,7 @@ def _trainer_config() -> type:
         for p in params
         if p.name != "self" and p.name not in SET_BY_FOXHUNT
     ]
-    # gradient_clip_val stays a Trainer argument here; the module clips (see train.make_trainer)
+    # gradient_clip_val stays a Trainer argument here; the module clips (see app.assemble.make_trainer)
     return make_dataclass(
         "TrainerConfig", [("_target_", str, field(default="lightning.Trainer")), *fields]
     )
@@ -443,145 +441,3 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         cs.store(name=name, node=node)
-
-
-def parse_time(key: str, value: str | None) -> int | None:
-    """An ISO date or date-time setting as int64 nanoseconds since 1970 (UTC unless the value
-    names an offset); None stays None."""
-    if value is None:
-        return None
-    try:
-        when = datetime.fromisoformat(str(value))
-    except ValueError:
-        raise ConfigError(
-            f"{key}={value} is not an ISO date or date-time (2026-03-02 or 2026-03-02T14:30)"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def validate(cfg: Any) -> None:
-    """Semantic checks that types alone cannot express; raises ConfigError naming the key."""
-    m, d, o = cfg.model, cfg.data, cfg.optim
-    _check(m.hidden_dim > 0, f"model.hidden_dim must be positive, got {m.hidden_dim}")
-    _check(m.num_heads > 0, f"model.num_heads must be positive, got {m.num_heads}")
-    _check(
-        m.hidden_dim % m.num_heads == 0,
-        f"model.hidden_dim={m.hidden_dim} is not divisible by model.num_heads={m.num_heads}",
-    )
-    _check(m.lstm_layers > 0, f"model.lstm_layers must be positive, got {m.lstm_layers}")
-    _check(m.variable_dim > 0, f"model.variable_dim must be positive, got {m.variable_dim}")
-    _check(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
-    _check(
-        m.compile in (True, False, "auto", *COMPILE_MODES),
-        f"model.compile must be auto, true, false or one of {', '.join(COMPILE_MODES)}, "
-        f"got {m.compile!r}",
-    )
-    q = list(m.quantiles)
-    _check(
-        len(q) > 0 and all(0 < x < 1 for x in q) and all(a < b for a, b in itertools.pairwise(q)),
-        f"model.quantiles must be strictly increasing values in (0, 1), got {q}",
-    )
-    _check(d.encoder_length > 0, f"data.encoder_length must be positive, got {d.encoder_length}")
-    _check(
-        d.prediction_length > 0,
-        f"data.prediction_length must be positive, got {d.prediction_length}",
-    )
-    _check(d.batch_size > 0, f"data.batch_size must be positive, got {d.batch_size}")
-    e = cfg.eval
-    _check(e.stride is None or e.stride > 0, f"eval.stride must be positive, got {e.stride}")
-    _check(e.cost_bps >= 0, f"eval.cost_bps must be >= 0, got {e.cost_bps}")
-    c = cfg.calibration
-    _check(0 < c.gamma < 1, f"calibration.gamma must be in (0, 1), got {c.gamma}")
-    _check(c.min_windows > 0, f"calibration.min_windows must be positive, got {c.min_windows}")
-    _check(
-        o.schedule_epochs is None or o.schedule_epochs > 0,
-        f"optim.schedule_epochs must be positive or null, got {o.schedule_epochs}",
-    )
-    _check(
-        o.schedule_steps is None or o.schedule_steps > 0,
-        f"optim.schedule_steps must be positive or null, got {o.schedule_steps}",
-    )
-    _check(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
-    _check(
-        0 <= d.val_fraction < 1
-        and 0 <= d.test_fraction < 1
-        and d.val_fraction + d.test_fraction < 1,
-        "data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1, "
-        f"got {d.val_fraction} and {d.test_fraction}",
-    )
-    sp = d.split
-    _check(
-        sp.embargo is None or sp.embargo >= 0,
-        f"data.split.embargo must be >= 0 bars or null, got {sp.embargo}",
-    )
-    keys = ("train_start", "val_start", "test_start", "test_end")
-    times = {k: parse_time(f"data.split.{k}", getattr(sp, k)) for k in keys}
-    given = [k for k in keys if times[k] is not None]
-    for a, b in itertools.pairwise(given):
-        _check(
-            # test_start = test_end: no test period (validation only; nothing from there read)
-            times[a] <= times[b] and (times[a] < times[b] or b != "test_end" or a == "test_start"),
-            f"data.split.{a}={getattr(sp, a)} is "
-            f"{'after' if times[a] > times[b] else 'not before'} data.split.{b}={getattr(sp, b)}",
-        )
-    _check(
-        d.futures.enabled in (True, False, "auto"),
-        f"data.futures.enabled must be true, false or auto, got {d.futures.enabled!r}",
-    )
-    features = d.features
-    _check(
-        features in ("all", "ohlcv") or (not isinstance(features, str) and len(features) > 0),
-        f"data.features must be 'all', 'ohlcv' or a list of columns, got {features!r}",
-    )
-    _check(
-        features == "ohlcv" or d.target is not None,
-        "data.target is required unless data.features=ohlcv",
-    )
-    _check(o.lr > 0, f"optim.lr must be positive, got {o.lr}")
-    mem = cfg.memory
-    _check(
-        mem.budget_mb is None or mem.budget_mb > 0,
-        f"memory.budget_mb must be positive, got {mem.budget_mb}",
-    )
-    _check(
-        mem.safety_margin_mb >= 0,
-        f"memory.safety_margin_mb must be >= 0, got {mem.safety_margin_mb}",
-    )
-    vb = mem.val_batch_size
-    _check(
-        vb is None or vb == "auto" or (isinstance(vb, int) and vb > 0),
-        f"memory.val_batch_size must be a positive number, null or auto, got {vb!r}",
-    )
-    ob = mem.oom_backoff
-    _check(ob.factor > 1, f"memory.oom_backoff.factor must be > 1, got {ob.factor}")
-    _check(
-        ob.min_batch_size >= 1,
-        f"memory.oom_backoff.min_batch_size must be >= 1, got {ob.min_batch_size}",
-    )
-    _check(
-        mem.budget_mb is None or mem.safety_margin_mb < mem.budget_mb,
-        f"memory.safety_margin_mb={mem.safety_margin_mb} leaves nothing of "
-        f"memory.budget_mb={mem.budget_mb}",
-    )
-    t = cfg.trainer
-    # TFTModule optimizes manually (its step splits a batch that does not fit): Lightning then
-    # refuses gradient accumulation, but only inside fit(), once the data is read
-    _check(
-        t.accumulate_grad_batches == 1,
-        f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} does not work with "
-        "foxhunt's manual optimization (Lightning refuses it); raise data.batch_size instead "
-        "(memory.oom_backoff splits a batch that does not fit into micro-batches)",
-    )
-    _check(
-        t.gradient_clip_algorithm in (None, "norm"),
-        f"trainer.gradient_clip_algorithm={t.gradient_clip_algorithm} does not work with "
-        "foxhunt's manual optimization; its step clips the gradient norm to "
-        "trainer.gradient_clip_val",
-    )

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.app.report import _data_section
+from foxhunt.app.report_markdown import data_section as _data_section
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.read import TIME_UNITS, load_table
 from foxhunt.data.splits import iso_time

@@ -17,7 +17,7 @@ import torch
 
 import foxhunt
 from foxhunt.app.interpret import _roll_marks
-from foxhunt.app.report import _rolls_section
+from foxhunt.app.report_markdown import rolls_section as _rolls_section
 from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import (
@@ -195,7 +195,7 @@ def test_the_roll_goes_to_the_later_month_that_leads_and_never_back(caplog):
         )
         for code in "HMU"
     ]
-    with caplog.at_level(logging.INFO, logger="foxhunt.data.futures"):
+    with caplog.at_level(logging.INFO, logger="foxhunt_serve.futures"):
         rolls = roll_schedule(cs, "volume", confirm_bars=2)
     assert rolls == [Roll(T0 + 32 * DAY, "ESH6", "ESU6", rolls[0].factor, held_at_end=True)]
     assert "ES: 1 deferred contracts never held (ESM6)" in caplog.text
@@ -206,7 +206,7 @@ def test_the_roll_goes_to_the_later_month_that_leads_and_never_back(caplog):
 def test_an_expired_front_with_no_signal_rolls_at_its_last_bar_with_a_warning(caplog):
     cs, _ = contracts("ratio")
     flat = [Contract(**{**c.__dict__, "volume": np.full(len(c.time_ns), 5.0)}) for c in cs]
-    with caplog.at_level(logging.WARNING, logger="foxhunt.data.futures"):
+    with caplog.at_level(logging.WARNING, logger="foxhunt_serve.futures"):
         rolls = roll_schedule(flat, "volume", confirm_bars=2)
     # each front's bars end 40 days before the data's: it expired, the next is held after it
     assert [(r.from_id, r.to_id, r.time_ns) for r in rolls] == [
@@ -260,7 +260,7 @@ def test_unadjusted_series_keeps_the_jump():
 def test_a_gap_between_contracts_is_a_warning_naming_them(caplog):
     cs, _ = contracts("ratio")
     late = Contract(**{**cs[1].__dict__, "time_ns": cs[1].time_ns + 60 * DAY})
-    with caplog.at_level(logging.WARNING, logger="foxhunt.data.futures"):
+    with caplog.at_level(logging.WARNING, logger="foxhunt_serve.futures"):
         rolls = roll_schedule([cs[0], late], "volume")
     assert rolls[0].time_ns == late.time_ns[0]
     assert "ESH6 ends 21.0 days before ESM6's first bar after it" in caplog.text

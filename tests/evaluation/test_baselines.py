@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.app.report import _baselines_section
+from foxhunt.app.report_scores import baselines_section as _baselines_section
 from foxhunt.app.train import train
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule

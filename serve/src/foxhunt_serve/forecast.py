@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from foxhunt_serve.calibration import calibrate
+from foxhunt_serve.calibration import apply
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.export import read_export
 from foxhunt_serve.windows import Windows, build_windows
@@ -39,8 +39,11 @@ def forecast(
             feed["instrument"] = g
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
-    values = calibrate(out.astype(np.float64), w, meta) * meta["target"]["std"]
-    return values + meta["target"]["mean"]
+    target = meta["target"]
+    actual = (w.actual - target["mean"]) / target["std"]
+    cal = meta.get("calibration")
+    values = apply(out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns)
+    return values * target["std"] + target["mean"]
 
 
 def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
@@ -53,7 +56,10 @@ def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = Non
     return pa.array(ns, pa.int64(), mask=mask)
 
 
-def output(w: Windows, values: np.ndarray, columns: list[str], time_type: pa.DataType) -> pa.Table:
+def output(w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataType) -> pa.Table:
+    """The forecast table: one row per window and step (instrument, origin_time, horizon,
+    target_time, one column per quantile, actual), times in the input's time type; `w`: the
+    windows' facts (`windows.FACTS`)."""
     n, h, _ = values.shape
     actual = w.actual.ravel()
     return pa.table(
@@ -86,13 +92,17 @@ def predict(
     values = forecast(session, meta, windows, batch_size)
     if adapts and not all_windows:  # then only each instrument's latest
         latest = build_windows(table, meta, False, str(data))
-        every = zip(windows.instrument, windows.origin_ns, strict=True)
-        at = {(str(n), int(o)): i for i, (n, o) in enumerate(every)}
-        wanted = zip(latest.instrument, latest.origin_ns, strict=True)
-        keep = [at[(str(n), int(o))] for n, o in wanted]
-        windows, values = latest, values[keep]
+        windows, values = latest, values[rows_of(windows, latest)]
     time_type = table.schema.field(meta["data"]["time_column"]).type
     return output(windows, values, meta["output"]["columns"], time_type)
+
+
+def rows_of(every: Any, latest: Any) -> np.ndarray:
+    """The indices in `every` of the windows of `latest` (by instrument and origin)."""
+    keys = zip(every.instrument, every.origin_ns, strict=True)
+    at = {(str(n), int(o)): i for i, (n, o) in enumerate(keys)}
+    wanted = zip(latest.instrument, latest.origin_ns, strict=True)
+    return np.array([at[(str(n), int(o))] for n, o in wanted], dtype=np.int64)
 
 
 def write_atomic(table: pa.Table, out: Path) -> None:

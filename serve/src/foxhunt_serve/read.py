@@ -15,43 +15,88 @@ from foxhunt_serve.errors import InputError
 DAY_NS = 86_400 * 10**9
 
 
+TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def one_line(exc: Exception) -> str:
+    """An exception's message on one line, for an error that quotes it."""
+    return " ".join(str(exc).split())
+
+
 def time_ns(table: pa.Table, column: str, unit: str | None) -> np.ndarray:
-    """A time column as int64 nanoseconds since 1970 UTC (an integer column in `unit`)."""
+    """A time column as int64 nanoseconds since 1970: a timestamp or date column by its own
+    unit, an integer column by `unit` (data.time_unit; required: nothing in the file says it)."""
     col = table.column(column)
     if col.null_count:
         raise InputError(f"time column '{column}' has {col.null_count} null values")
-    if pa.types.is_integer(col.type):
-        if unit is None:
-            raise InputError(f"time column '{column}' holds integers, and model.json no unit")
-        col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(unit))
-    elif pa.types.is_date(col.type):
-        col = pc.cast(col, pa.timestamp("ms"))
-    elif not pa.types.is_timestamp(col.type):
-        raise InputError(f"time column '{column}' is {col.type}, expected a timestamp or integer")
-    col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
+    try:
+        if pa.types.is_integer(col.type):
+            if unit is None:
+                raise InputError(_no_unit(column, col))
+            col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(unit))
+        elif pa.types.is_date(col.type):
+            col = pc.cast(col, pa.timestamp("ms"))
+        elif not pa.types.is_timestamp(col.type):
+            raise InputError(
+                f"time column '{column}' is {col.type}, expected a timestamp or integer"
+            )
+        col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise InputError(
+            f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
+            f"years 1677-2262): {one_line(exc)}"
+        ) from None
     return pc.cast(col, pa.int64()).to_numpy()
 
 
+def _no_unit(column: str, col: pa.ChunkedArray) -> str:
+    """The unit integer times of this magnitude are most likely in: a date of this century
+    has 10 digits in seconds, 13 in milliseconds, 16 in microseconds, 19 in nanoseconds."""
+    guess, like = "s", ""
+    if len(col):
+        typical = np.median(np.abs(pc.cast(col, pa.float64(), safe=False).to_numpy()))
+        digits = np.log10(max(typical, 1.0))
+        guess = "s" if digits < 10.5 else "ms" if digits < 13.5 else "us" if digits < 16.5 else "ns"
+        like = f": values like {col[0].as_py()} look like {TIME_UNITS[guess]}"
+    return (
+        f"time column '{column}' holds integers ({col.type}) of no stated unit{like}; set "
+        f"data.time_unit={guess} (one of s, ms, us, ns)"
+    )
+
+
+def is_numeric(t: pa.DataType) -> bool:
+    """Whether a column of type `t` can be read as float64 values (integers and booleans too)."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
 def as_float(table: pa.Table, column: str) -> np.ndarray:
-    """A numeric column as float64 (nulls as NaN)."""
+    """A numeric column as float64 values (nulls as NaN); an error for any other type."""
     col = table.column(column)
-    t = col.type
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-        raise InputError(f"column '{column}' is {t}, expected a numeric column")
+    if not is_numeric(col.type):
+        raise InputError(f"column '{column}' is {col.type}, expected a numeric column")
+    # unsafe: an integer beyond 2**53 rounds to the nearest float64 instead of failing
     return pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
 
 
-def as_text(table: pa.Table, column: str) -> pa.ChunkedArray:
-    return pc.cast(table.column(column), pa.string())
+def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
+    """Instrument names as text, the one way every reader (and the report) spells them."""
+    try:
+        return pc.cast(col, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise InputError(
+            f"group column '{column}' is {col.type}, which cannot name instruments: use text "
+            "or integers"
+        ) from None
 
 
 def group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[str]]:
     """Each row's instrument as an index into the sorted instrument names, and those names."""
     if column is None:
         return np.zeros(table.num_rows, dtype=np.int64), ["series"]
-    if table.column(column).null_count:
-        raise InputError(f"group column '{column}' has null values")
-    text = as_text(table, column)
+    col = table.column(column)
+    if col.null_count:
+        raise InputError(f"group column '{column}' has {col.null_count} null values")
+    text = as_text(col, column)
     names = sorted(pc.unique(text).to_pylist())
     codes = pc.index_in(text, value_set=pa.array(names, pa.string())).to_numpy()
     return codes.astype(np.int64), names
@@ -69,6 +114,8 @@ def split_future(table: pa.Table, data: dict[str, Any]) -> tuple[pa.Table, dict[
     """The table without each instrument's rows after its last target value (the target, or
     the close when the target is derived, empty), and those rows by instrument."""
     source = data["target_column"] or data["ohlcv"]["close"]
+    if source not in table.column_names or data["time_column"] not in table.column_names:
+        return table, {}  # reading the series names what is missing
     empty = pc.is_null(table.column(source), nan_is_null=True).to_numpy(zero_copy_only=False)
     if not empty.any():
         return table, {}
@@ -96,6 +143,8 @@ def split_future(table: pa.Table, data: dict[str, Any]) -> tuple[pa.Table, dict[
 def by_root(
     by_contract: dict[str, Future], after: pa.Table, codes: np.ndarray, names: list, futures: dict
 ) -> dict[str, Future]:
+    """The rows to forecast under their contract's root (the instrument the model knows), from
+    one contract of each root."""
     roots: dict[str, list[str]] = {}
     for g in np.unique(codes):
         contract = names[g]
@@ -106,7 +155,7 @@ def by_root(
             root = found["root"] if found else str(contract)
         roots.setdefault(root, []).append(contract)
     for root, contracts in roots.items():
-        if len(contracts) > 1:
+        if len(contracts) > 1:  # the first root (in file order) with several
             raise InputError(
                 f"rows to forecast (an empty close) follow the bars of {len(contracts)} "
                 f"contracts of {root}: {', '.join(map(str, contracts))}; give them for one "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,24 +26,38 @@ class Series:
     target: np.ndarray
 
 
-def non_finite(cols: dict[str, np.ndarray], policy: str, name: str) -> np.ndarray:
-    """The rows kept under the NaN policy (error, ffill, drop); fills `cols` in place."""
-    bad = {c: int((~np.isfinite(v)).sum()) for c, v in cols.items()}
+def non_finite(
+    columns: dict[str, np.ndarray],
+    policy: str,
+    name: str,
+    locate: Callable[[int], str] = lambda row: "",
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The NaN policy (error, ffill, drop) on one instrument's columns: the columns of the rows
+    kept, and the mask of those rows. `locate`: where a row is, for the error."""
+    bad = {c: int((~np.isfinite(v)).sum()) for c, v in columns.items()}
     bad = {c: n for c, n in bad.items() if n}
-    keep = np.ones(len(next(iter(cols.values()))), dtype=bool)
+    keep = np.ones(len(next(iter(columns.values()))), dtype=bool)
     if not bad:
-        return keep
+        return columns, keep
     if policy == "error":
         listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
-        raise InputError(f"NaN/inf values in instrument {name}: {listed} (the model's NaN policy)")
-    for c, v in cols.items():
-        if policy == "ffill":
+        first = min(int(np.argmax(~np.isfinite(columns[c]))) for c in bad)
+        raise InputError(
+            f"NaN/inf values in instrument {name}{locate(first)}: {listed}; "
+            "set data.nan_policy=ffill or data.nan_policy=drop to handle them"
+        )
+    if policy == "ffill":
+        filled = {}
+        for c, v in columns.items():
+            # the index of the last finite value at or before each row (-1 before the first)
             last = np.maximum.accumulate(np.where(np.isfinite(v), np.arange(len(v)), -1))
-            cols[c] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
+            filled[c] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
             keep &= last >= 0  # leading values with nothing to carry forward are dropped
-        else:
+        columns = filled
+    else:
+        for v in columns.values():
             keep &= np.isfinite(v)
-    return keep
+    return {c: v[keep] for c, v in columns.items()}, keep
 
 
 def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> Series:
@@ -56,26 +71,12 @@ def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> S
             f"time column '{data['time_column']}' is not strictly increasing in instrument "
             f"{name}; sort the file by instrument and time"
         )
-    keep = non_finite(cols, data["nan_policy"], name)
-    t, cols = t[keep], {c: v[keep] for c, v in cols.items()}
+    cols, keep = non_finite(cols, data["nan_policy"], name)
+    t = t[keep]
     if len(t) == 0:
         raise InputError(f"instrument {name} has no rows left after the NaN policy")
-    warmup, bars = 0, None
-    if data["ohlcv"] is not None:
-        bars = Ohlcv(t, cols, data["ohlcv"])
-        warmup = min(data["ohlcv"]["warmup_rows"], len(t))
-    made = {}
-    for feature, spec in features.items():
-        if spec["role"] == "static":
-            continue
-        if spec["source"] == "column":
-            made[feature] = cols[spec["column"]]
-        elif spec["source"] == "derived":
-            made[feature] = bars.feature(spec["family"], spec.get("window", 1))
-        else:
-            made[feature] = calendar(t, feature)
-        if not np.isfinite(made[feature][warmup:]).all():
-            raise InputError(f"feature {feature} is not finite in {name}")
+    warmup = 0 if data["ohlcv"] is None else min(data["ohlcv"]["warmup_rows"], len(t))
+    made = _inputs(meta, name, t, cols, warmup)
     static = {}
     for feature, spec in features.items():
         if spec["role"] == "static":
@@ -86,6 +87,29 @@ def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> S
     target = made.pop(meta["target"]["name"])
     kept = {k: v[warmup:] for k, v in made.items()}
     return Series(name, t[warmup:], kept, static, target[warmup:])
+
+
+def _inputs(
+    meta: dict[str, Any], name: str, t: np.ndarray, cols: dict, warmup: int
+) -> dict[str, np.ndarray]:
+    """The target and every observed and known input, by name (float64), from the columns:
+    a column itself, a derived OHLCV feature, or the calendar of the time."""
+    ohlcv, bars = meta["data"]["ohlcv"], None
+    if ohlcv is not None:
+        bars = Ohlcv(*(cols[ohlcv[p]] for p in ("high", "low", "close", "volume")))
+    made = {}
+    for feature, spec in meta["features"].items():
+        if spec["role"] == "static":
+            continue
+        if spec["source"] == "column":
+            made[feature] = cols[spec["column"]]
+        elif spec["source"] == "derived":
+            made[feature] = bars.feature(spec["family"], spec.get("window", 1)).astype(float)
+        else:
+            made[feature] = calendar(t, feature).astype(float)
+        if not np.isfinite(made[feature][warmup:]).all():
+            raise InputError(f"feature {feature} is not finite in {name}")
+    return made
 
 
 def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series]:
@@ -105,7 +129,7 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
     if table.num_rows == 0:
         raise InputError(f"{path} has no rows")
     if futures is not None:
-        table = continuous(table, data)
+        table, _ = continuous(table, data)
     t = time_ns(table, data["time_column"], data["time_unit"])
     codes, names = group_codes(table, data["group_column"])
     values = {c: as_float(table, c) for c in data["columns_read"]}

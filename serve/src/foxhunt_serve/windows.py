@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future, as_text, split_future
-from foxhunt_serve.series import Series, load_series
+from foxhunt_serve.series import load_series
 
 
 @dataclass
@@ -28,43 +28,107 @@ class Windows:
     actual: np.ndarray  # [N, H] NaN where not realised
 
 
-def bar_interval(s: Series) -> int:
+FACTS = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
+
+
+def bar_interval(name: str, time_ns: np.ndarray) -> int:
     """The most common step between the instrument's bars (a session gap does not count)."""
-    steps, counts = np.unique(np.diff(s.time_ns), return_counts=True)
+    steps, counts = np.unique(np.diff(time_ns), return_counts=True)
     if len(steps) == 0:
-        raise InputError(f"instrument {s.name} has one row: no bar interval to continue")
+        raise InputError(f"instrument {name} has one row: no bar interval to continue")
     return int(steps[np.argmax(counts)])
 
 
 def future_steps(
-    s: Series, given: Future | None, meta: dict[str, Any], known: list[str]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The times of the (up to H) steps after the data, whether each was in the data, and
-    their known inputs [steps, known] in the model's order."""
-    h, user_known = meta["prediction_length"], meta["data"]["known_columns"]
+    name: str, time_ns: np.ndarray, given: Future | None, h: int, user_known: list[str]
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The times of the (up to `h`) steps after the instrument's bars `time_ns`, whether each
+    was in the data (not continued at the bar interval: only without `user_known` inputs,
+    when every known input follows from the time), and the user's known inputs there."""
     times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
     user = {k: given.known[k][:h] if given else np.zeros(0) for k in user_known}
-    if (np.diff(np.concatenate([s.time_ns[-1:], times])) <= 0).any():
+    if (np.diff(np.concatenate([time_ns[-1:], times])) <= 0).any():
         raise InputError(
-            f"the rows after instrument {s.name}'s last target value are not later in time, "
+            f"the rows after instrument {name}'s last target value are not later in time, "
             "one after the other; sort the file by instrument and time"
         )
     bad = [k for k, v in user.items() if not np.isfinite(v).all()]
     if bad:
         raise InputError(
-            f"known input(s) {', '.join(bad)} empty in the rows after instrument {s.name}'s "
+            f"known input(s) {', '.join(bad)} empty in the rows after instrument {name}'s "
             "last target value: the forecast steps need them"
         )
     from_data = np.ones(len(times), dtype=bool)
-    if len(times) < h and not user_known:  # every known input follows from the time
-        last = times[-1] if len(times) else s.time_ns[-1]
-        times = np.concatenate([times, last + bar_interval(s) * np.arange(1, h - len(times) + 1)])
+    if len(times) < h and not user_known:
+        step = bar_interval(name, time_ns)
+        last = times[-1] if len(times) else time_ns[-1]
+        times = np.concatenate([times, last + step * np.arange(1, h - len(times) + 1)])
         from_data = np.concatenate([from_data, np.zeros(len(times) - len(from_data), bool)])
+    return times, from_data, user
+
+
+class Cut:
+    """The windows of one instrument after another: each one's last encoder row (its origin),
+    and what each output row says of it (`FACTS`)."""
+
+    def __init__(self, encoder_length: int, prediction_length: int, all_windows: bool) -> None:
+        self.e, self.h, self.all_windows = encoder_length, prediction_length, all_windows
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in FACTS}
+        self.lacking: list[str] = []
+
+    def origins(
+        self,
+        name: str,
+        time_ns: np.ndarray,
+        target: np.ndarray,
+        times: np.ndarray,
+        given: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The origins (row indices) of the instrument's windows: its latest, or every one with
+        a full encoder history; and its rows' times, the steps after the data included."""
+        n, f, h = len(target), len(times), self.h
+        if f < h and not self.all_windows:
+            self.lacking.append(f"{name} has {f}")
+        first = self.e - 1 if self.all_windows else n - 1
+        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
+        time_all = np.concatenate([time_ns, times])
+        if len(origins) == 0:
+            if self.all_windows:
+                self.lacking.append(f"{name} has {f}")
+            return origins, time_all
+        steps = origins[:, None] + np.arange(1, h + 1)
+        self.parts["instrument"].append(np.full(len(origins), name, dtype=object))
+        self.parts["origin_ns"].append(time_all[origins])
+        self.parts["target_ns"].append(time_all[steps])
+        self.parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
+        self.parts["actual"].append(np.concatenate([target, np.full(f, np.nan)])[steps])
+        return origins, time_all
+
+    def facts(self, known_columns: list[str], hint: str) -> dict[str, np.ndarray]:
+        """Every window's facts; an error naming the instruments without the steps to forecast
+        (`hint`: how to ask for past windows instead)."""
+        if self.lacking:
+            raise InputError(
+                f"the forecast needs the known input(s) {', '.join(known_columns)} for the "
+                f"{self.h} bars after an instrument's last target value: add those rows with "
+                f"the target empty ({'; '.join(self.lacking)})"
+                + ("" if self.all_windows else f", or use {hint} for past windows")
+            )
+        return {k: np.concatenate(v) for k, v in self.parts.items()}
+
+
+def known_inputs(
+    times: np.ndarray, user: dict[str, np.ndarray], meta: dict[str, Any], known: list[str]
+) -> np.ndarray:
+    """The known inputs [steps, known] in the model's order: a column the user gives, or the
+    calendar of the time."""
     columns = []
     for k in known:
         spec = meta["features"][k]
-        columns.append(user[spec["column"]] if spec["source"] == "column" else calendar(times, k))
-    return times, from_data, np.stack(columns, axis=1) if columns else np.zeros((len(times), 0))
+        columns.append(
+            user[spec["column"]] if spec["source"] == "column" else calendar(times, k).astype(float)
+        )
+    return np.stack(columns, axis=1) if columns else np.zeros((len(times), 0))
 
 
 def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path: str) -> Windows:
@@ -78,64 +142,39 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     unknown = [n for n in names if vocab and n not in vocab] if data["group_column"] else []
     if unknown:
         raise InputError(f"instruments unknown to the model: {', '.join(unknown)}")
-    check_history(series, names, observed_rows, data, e)
+    check_history({s.name: len(s.target) for s in series}, names, observed_rows, data, e)
     encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
     columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
     known = [f for f, spec in features.items() if spec["role"] == "known"]
     statics = [f for f, spec in features.items() if spec["role"] == "static"]
-    mean = np.array([features[c]["mean"] for c in columns])
-    std = np.array([features[c]["std"] for c in columns])
     static = np.zeros((max(len(vocab), 1), len(statics)))
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("inst", "origin", "target", "given")}
-    parts |= {"actual": [], "starts": [], "group": []}
-    blocks, lacking, offset = [], [], 0
+    cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
     for s in series:
         g = vocab.index(s.name) if vocab and s.name in vocab else 0
         static[g] = [s.static[f] for f in statics]
-        times, given, future_known = future_steps(s, future.get(s.name), meta, known)
-        if len(times) < h and not all_windows:
-            lacking.append(f"{s.name} has {len(times)}")
-        n, f = len(s.target), len(times)
-        block = np.full((n + f, len(columns)), np.nan)
-        block[:n] = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
-        block[n:, len(columns) - len(known) :] = future_known
-        first = e - 1 if all_windows else n - 1
-        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
-        if len(origins) == 0:
-            if all_windows:
-                lacking.append(f"{s.name} has {len(times)}")
-            continue
-        steps = origins[:, None] + np.arange(1, h + 1)
-        time_all = np.concatenate([s.time_ns, times])
-        parts["inst"].append(np.full(len(origins), s.name, dtype=object))
-        parts["origin"].append(time_all[origins])
-        parts["target"].append(time_all[steps])
-        parts["given"].append(np.concatenate([np.ones(n, bool), given])[steps])
-        parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
-        parts["starts"].append(offset + origins - e + 1)
-        parts["group"].append(np.full(len(origins), g, np.int64))
-        blocks.append(block)
-        offset += n + f
-    if lacking:
-        raise InputError(
-            f"the forecast needs the known input(s) {', '.join(data['known_columns'])} for the "
-            f"{h} bars after an instrument's last target value: add those rows with the "
-            f"target empty ({'; '.join(lacking)})"
-            + ("" if all_windows else ", or use --all-windows for past windows")
+        times, given, user = future_steps(
+            s.name, s.time_ns, future.get(s.name), h, data["known_columns"]
         )
-    static_mean = np.array([features[f]["mean"] for f in statics])
-    static_std = np.array([features[f]["std"] for f in statics])
-    cat = {k: np.concatenate(v) for k, v in parts.items()}
+        origins, _ = cut.origins(s.name, s.time_ns, s.target, times, given)
+        if len(origins) == 0:
+            continue
+        n = len(s.target)
+        block = np.full((n + len(times), len(columns)), np.nan)
+        block[:n] = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
+        block[n:, len(columns) - len(known) :] = known_inputs(times, user, meta, known)
+        starts.append(offset + origins - e + 1)
+        groups.append(np.full(len(origins), g, np.int64))
+        blocks.append(block)
+        offset += len(block)
+    facts = cut.facts(data["known_columns"], "--all-windows")
+    mean, std = (np.array([features[c][k] for c in columns]) for k in ("mean", "std"))
+    static_mean, static_std = (np.array([features[f][k] for f in statics]) for k in ("mean", "std"))
     return Windows(
         rows=normalized(np.concatenate(blocks), mean, std, columns),
-        starts=cat["starts"],
-        group=cat["group"],
+        starts=np.concatenate(starts),
+        group=np.concatenate(groups),
         static=normalized(static, static_mean, static_std, statics),
-        instrument=cat["inst"],
-        origin_ns=cat["origin"],
-        target_ns=cat["target"],
-        target_time_known=cat["given"],
-        actual=cat["actual"],
+        **facts,
     )
 
 
@@ -150,15 +189,15 @@ def normalized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, names: list[str
 
 
 def check_history(
-    series: list[Series], names: list[str], rows: pa.Table, data: dict[str, Any], needed: int
+    usable: dict[str, int], names: list[str], rows: pa.Table, data: dict[str, Any], needed: int
 ) -> None:
-    """Every instrument has an encoder's worth of rows left after NaN handling and warm-up."""
-    usable = {s.name: len(s.target) for s in series}
+    """Every instrument has an encoder's worth of rows (`usable`: by name) left after NaN
+    handling and warm-up."""
     short = [n for n in names if usable.get(n, 0) < needed]
     if not short:
         return
     if data["group_column"]:
-        counts = pc.value_counts(as_text(rows, data["group_column"]))
+        counts = pc.value_counts(as_text(rows.column(data["group_column"]), data["group_column"]))
         raw = {c["values"].as_py(): c["counts"].as_py() for c in counts}
     else:
         raw = {"series": rows.num_rows}

@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.report import conformal_section, headline_section, instrument_table
-from foxhunt.app.sweep import SweepSummary, markdown_table
+from foxhunt.app.backtest_pool import pooled
+from foxhunt.app.backtest_report import backtest_report
+from foxhunt.app.sweep import SweepSummary
 from foxhunt.app.train import train
 from foxhunt.config import EvalConfig
 from foxhunt.data.columns import resolve_target_kind
@@ -39,9 +39,8 @@ from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
-from foxhunt.evaluation.baselines import skill
 from foxhunt.evaluation.calibration import table_calibration
-from foxhunt.evaluation.forecasts import FORECASTS, RAW_PREFIX, quantile_column
+from foxhunt.evaluation.forecasts import FORECASTS
 from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
 from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import write_atomic, write_json, write_text
@@ -266,46 +265,6 @@ def _fold_dirs(backtest_dir: Path) -> dict[int, Path]:
     return found
 
 
-def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
-    """The test metrics over out-of-sample rows (`OutOfSampleForecasts`' columns), all folds
-    together: test_loss is the pinball loss of the model's own forecasts (raw_q columns, before
-    calibration) normalized by each fold's target scale, as a run's test_loss;
-    calibrated_test_loss that of the forecasts delivered (the q columns), which the skill
-    compares; the rest are in the target's own units or shares."""
-    if table.num_rows == 0:  # no fold finished
-        return {}
-    q = np.asarray(quantiles)
-    delivered = np.stack([table[quantile_column(x)].to_numpy() for x in quantiles], axis=1)
-    raw = [RAW_PREFIX + quantile_column(x) for x in quantiles]
-    if set(raw) <= set(table.column_names):  # folds run before calibration have none
-        pred = np.stack([table[c].to_numpy() for c in raw], axis=1)
-    else:
-        pred = delivered
-    actual, naive = table["actual"].to_numpy(), table["naive"].to_numpy()
-    scale = table["target_scale"].to_numpy()[:, None]
-
-    def pinball(forecast: np.ndarray) -> np.ndarray:
-        errors = actual[:, None] - forecast
-        return np.maximum(q * errors, (q - 1) * errors)
-
-    loss = pinball(pred)
-    median = pred[:, int(np.argmin(np.abs(q - 0.5)))]
-    moved = actual != naive  # steps without a move count for no direction, as in training
-    up = actual[moved] > naive[moved]
-    hit = np.sign(median - naive) == np.sign(actual - naive)
-    return {
-        "test_loss": float((loss / scale).mean()),
-        "calibrated_test_loss": float((pinball(delivered) / scale).mean()),
-        "test_loss_target_units": float(loss.mean()),
-        "test_mae": float(np.abs(median - actual).mean()),
-        "test_directional_accuracy": float(hit[moved].mean()) if moved.any() else None,
-        "test_up_share": float(up.mean()) if moved.any() else None,
-        "test_coverage": float(((actual >= pred[:, 0]) & (actual <= pred[:, -1])).mean()),
-        "baseline_test_loss": float((pinball(naive[:, None]) / scale).mean()),  # naive
-        "test_rows": table.num_rows,
-    }
-
-
 def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     """Pool the folds under `backtest_dir`: write oos_predictions.parquet (every finished
     fold's rows, in fold order), backtest_summary.json and backtest_report.md; return the
@@ -317,64 +276,14 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
             f"no backtest folds (directories with a backtest.fold) in {backtest_dir}"
         )
     cfg = OmegaConf.load(RunDir(next(iter(fold_dirs.values()))).config)
-    folds, tables, missing = [], [], []
-    for k in range(cfg.backtest.folds):
-        run_dir = fold_dirs.get(k)
-        if run_dir is None or not RunDir(run_dir).summary.is_file():
-            missing.append(k)
-            continue
-        s = json.loads(RunDir(run_dir).summary.read_text())
-        table = pq.read_table(run_dir / FORECASTS)
-        tables.append(table.add_column(0, "fold", pa.array(np.full(len(table), k, np.int32))))
-        folds.append(
-            {
-                "fold": k,
-                "run_dir": str(run_dir),
-                "cuts": s["splits"]["cuts"],
-                "metrics": s["metrics"],
-                **({"baselines": s["baselines"]} if "baselines" in s else {}),
-                **({"strategy": s["strategy"]} if "strategy" in s else {}),
-                "test_rows": tables[-1].num_rows,
-                "initialized_from": s.get("initialized_from"),
-                "wall_s": s.get("wall_s"),
-            }
-        )
+    folds, tables, missing = _read_folds(fold_dirs, cfg.backtest.folds)
     oos = pa.concat_tables(tables) if tables else pa.table({})
     write_atomic(backtest_dir / OOS, lambda f: pq.write_table(oos, f))
     val = [f["metrics"]["val_loss"] for f in folds if f["metrics"].get("val_loss") is not None]
     quantiles = [float(q) for q in cfg.model.quantiles]
-    metrics = pooled_metrics(oos, quantiles)
-    baselines = pooled_baselines(folds)
-    metrics |= _skill(metrics.get("calibrated_test_loss"), baselines)
-    names = sorted(set(oos["instrument"].to_pylist())) if "instrument" in oos.column_names else []
-    if None not in names:  # one unnamed series: nothing per instrument
-        metrics["by_instrument"] = {}
-        for name in names:
-            own = pooled_metrics(oos.filter(pc.equal(oos["instrument"], name)), quantiles)
-            rivals = pooled_baselines(folds, name)
-            own |= _skill(own["calibrated_test_loss"], rivals)
-            own["windows"] = sum(
-                f["metrics"].get("by_instrument", {}).get(name, {}).get("windows", 0) for f in folds
-            )
-            metrics["by_instrument"][name] = own
-            for rival, found in rivals.items():
-                baselines[rival].setdefault("test_by_instrument", {})[name] = found
-    judged = {}
-    if oos.num_rows:  # the IC, calibration and strategy over every fold's rows
-        e = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg.get("eval") or {})
-        found, evaluation, results = evaluate(
-            oos.drop_columns(["fold"]),
-            resolve_target_kind(cfg.data),
-            e.stride,
-            e.strategy,
-            e.cost_bps,
-        )
-        metrics |= found
-        judged = {
-            "evaluation": evaluation,
-            "strategy": strategy_summary(results, e.strategy, e.cost_bps, "each fold's best"),
-        }
-        plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
+    metrics, baselines = pooled(oos, folds, quantiles)
+    found, judged = _judge(oos, cfg, backtest_dir) if oos.num_rows else ({}, {})
+    metrics |= found
     summary = {
         "backtest_dir": str(backtest_dir),
         "settings": _settings(cfg),
@@ -395,144 +304,59 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
         "wall_s": round(sum(f["wall_s"] or 0 for f in folds), 1),
     }
     write_json(backtest_dir / SUMMARY, summary)
-    write_text(backtest_dir / REPORT, report(summary))
+    write_text(backtest_dir / REPORT, backtest_report(summary, CUT_KEYS, SUMMARY))
     return summary
 
 
-def _skill(test_loss: float | None, baselines: dict[str, dict]) -> dict[str, Any]:
-    against, best = skill(test_loss, baselines)
-    return {"skill": against, "best_baseline": best}
+def _read_folds(
+    fold_dirs: dict[int, Path], n_folds: int
+) -> tuple[list[dict[str, Any]], list[pa.Table], list[int]]:
+    """Of folds 0 to `n_folds - 1`: each finished fold's summary figures and test forecasts
+    (with a fold column), and the folds not finished."""
+    folds, tables, missing = [], [], []
+    for k in range(n_folds):
+        run_dir = fold_dirs.get(k)
+        if run_dir is None or not RunDir(run_dir).summary.is_file():
+            missing.append(k)
+            continue
+        s = json.loads(RunDir(run_dir).summary.read_text())
+        table = pq.read_table(run_dir / FORECASTS)
+        tables.append(table.add_column(0, "fold", pa.array(np.full(len(table), k, np.int32))))
+        folds.append(
+            {
+                "fold": k,
+                "run_dir": str(run_dir),
+                "cuts": s["splits"]["cuts"],
+                "metrics": s["metrics"],
+                **({"baselines": s["baselines"]} if "baselines" in s else {}),
+                **({"strategy": s["strategy"]} if "strategy" in s else {}),
+                "test_rows": tables[-1].num_rows,
+                "initialized_from": s.get("initialized_from"),
+                "wall_s": s.get("wall_s"),
+            }
+        )
+    return folds, tables, missing
 
 
-def pooled_baselines(
-    folds: list[dict[str, Any]], instrument: str | None = None
-) -> dict[str, dict[str, float]]:
-    """Each baseline's test_loss over every fold's windows (of `instrument`, or all): the
-    folds' test_loss (a mean over the model's test windows) weighted by their windows;
-    baselines some fold lacks are left out."""
-    weights, losses = [], {}
-    for f in folds:
-        if instrument is None:
-            weights.append(f["test_rows"])
-        else:
-            weights.append(
-                f["metrics"].get("by_instrument", {}).get(instrument, {}).get("windows", 0)
-            )
-        for name, b in f.get("baselines", {}).items():
-            at = b if instrument is None else b.get("test_by_instrument", {}).get(instrument, {})
-            losses.setdefault(name, []).append(at.get("test_loss") if weights[-1] else 0.0)
-    return {
-        name: {"test_loss": float(np.average(found, weights=weights))}
-        for name, found in losses.items()
-        if len(found) == len(folds) and None not in found and sum(weights)
+def _judge(
+    oos: pa.Table, cfg: DictConfig, backtest_dir: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The IC, calibration and strategy over every fold's rows: the metrics they add, and the
+    summary's evaluation and strategy; the equity curves drawn into `backtest_dir`."""
+    e = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg.get("eval") or {})
+    found, evaluation, results = evaluate(
+        oos.drop_columns(["fold"]),
+        resolve_target_kind(cfg.data),
+        e.stride,
+        e.strategy,
+        e.cost_bps,
+    )
+    judged = {
+        "evaluation": evaluation,
+        "strategy": strategy_summary(results, e.strategy, e.cost_bps, "each fold's best"),
     }
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The leaves of nested dicts under dotted keys, but descriptions and timings."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if k in ("by_instrument", "test_by_instrument", "subsampled"):
-            continue  # a table of its own; how many training windows a baseline was fit on
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        elif k != "about" and not k.endswith("_s") and not isinstance(v, bool | list):
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def report(summary: dict[str, Any]) -> str:
-    """backtest_report.md: the folds' cut times, their metrics beside the pooled ones."""
-    st, folds = summary["settings"], summary["folds"]
-    pooled = _flat(summary["metrics"]) | _flat(summary["baselines"], "baselines.")
-    lines = [
-        "# Walk-forward backtest",
-        "",
-        f"{st['folds']} folds, mode={st['mode']}, refit={st['refit']} "
-        f"(test_span={st['test_span']}, val_span={st['val_span']}, "
-        f"train_span={st['train_span']}; null: the defaults of docs/backtest.md).",
-    ]
-    if summary["folds_missing"]:
-        missing = ", ".join(map(str, summary["folds_missing"]))
-        lines.append(f"Not finished: fold {missing} (the pooled figures leave them out).")
-    headline = headline_section(summary)  # a panel's cross-sectional IC leads
-    lines += [*(["", *headline] if headline else []), "", "## Folds", ""]
-    cut_rows = [[f["fold"], *(f["cuts"].get(k) for k in CUT_KEYS), f["test_rows"]] for f in folds]
-    lines += markdown_table(["fold", *CUT_KEYS, "test rows"], cut_rows, missing="(data edge)")
-    per_fold = [_flat(f["metrics"]) | _flat(f.get("baselines", {}), "baselines.") for f in folds]
-    names = list(dict.fromkeys(k for m in per_fold for k in m))
-    names += [k for k in pooled if k not in names]
-    rows = [[n, *(m.get(n) for m in per_fold), pooled.get(n)] for n in names]
-    lines += ["", "## Metrics", ""]
-    lines += markdown_table(["metric", *(f"fold {f['fold']}" for f in folds), "pooled"], rows)
-    lines += [
-        "",
-        "Pooled: val_loss is the mean over the folds; the test figures are over every fold's "
-        "out-of-sample rows together (oos_predictions.parquet), test_loss normalized by each "
-        "fold's target scale as a run's test_loss is. Directional accuracy must beat the "
-        "share of up moves (test_up_share) or its complement: always forecasting the more "
-        "common direction scores the larger of the two.",
-        *_subsampled_folds(folds),
-        *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
-        *_strategy_table(summary),
-        "",
-        *conformal_section(summary),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _subsampled_folds(folds: list[dict[str, Any]]) -> list[str]:
-    """Which folds fit baselines on a subsample of their training windows."""
-    found = [
-        str(f["fold"])
-        for f in folds
-        if any("subsampled" in b for b in (f.get("baselines") or {}).values())
-    ]
-    if not found:
-        return []
-    return [
-        "",
-        f"The baselines of fold {', '.join(found)} were fit on evenly spaced subsamples of the "
-        "fold's training windows (how many: the fold's report.md, or `folds[k].baselines` in "
-        f"{SUMMARY}).",
-    ]
-
-
-def _strategy_table(summary: dict[str, Any]) -> list[str]:
-    """The costed strategy per fold and over all folds, beside buy-and-hold and the best
-    baseline's, by net Sharpe."""
-    runs = [(f"fold {f['fold']}", f.get("strategy")) for f in summary["folds"]]
-    runs.append(("pooled", summary.get("strategy")))
-    rows = []
-    for name, s in runs:
-        if s and "skipped" not in s:
-            theirs = s.get("best_baseline", {}).get("sharpe")
-            rows.append(
-                [
-                    name,
-                    s["sharpe"],
-                    s.get("sharpe_se"),
-                    s["max_drawdown"],
-                    s["turnover"],
-                    s["net_return"],
-                    s["buy_and_hold"]["sharpe"],
-                    theirs,
-                ]
-            )
-    if not rows:
-        return []
-    head = [
-        "",
-        "Sharpe (net)",
-        "se",
-        "max drawdown",
-        "turnover",
-        "net return",
-        "buy and hold",
-        "best baseline",
-    ]
-    return ["", "## Strategy", "", *markdown_table(head, rows)]
+    plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
+    return found, judged
 
 
 def _swept(config: DictConfig) -> set[str]:

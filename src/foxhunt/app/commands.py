@@ -13,11 +13,11 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from foxhunt.app import backtest, cli, tune
+from foxhunt.app.console import console_summary
 from foxhunt.app.export import export_command
 from foxhunt.app.inspect import inspect_data
 from foxhunt.app.interpret import interpret_checkpoint
 from foxhunt.app.predict_cli import predict_command
-from foxhunt.app.report import console_summary
 from foxhunt.app.train import train as train_run
 from foxhunt.config import validate
 from foxhunt.memory import MB, MemoryEstimate, estimate, max_batch_size, measure

@@ -33,9 +33,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
+from foxhunt_serve import windows as serving
+from foxhunt_serve.forecast import output, rows_of
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.app.inference import run_device, training_data_config
@@ -47,9 +48,10 @@ from foxhunt.data.horizon import Future, known_at, split_future
 from foxhunt.data.names import resolve_names
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema, drop_features
+from foxhunt.data.serving import data_section
 from foxhunt.data.source import open_dataset
 from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
-from foxhunt.errors import CheckpointError, ConfigError, DataError
+from foxhunt.errors import CheckpointError, ConfigError, DataError, data_errors
 from foxhunt.evaluation.calibration import METHODS, Calibration
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
@@ -247,103 +249,41 @@ def build_windows(
         schema.dropped,
     )
     schema.check_matches(DataSchema.from_dict(found))
-    _check_history(series, names, observed_rows, cfg, e)
+    usable = {s.name: len(s.target) for s in series}
+    with data_errors():
+        serving.check_history(usable, names, observed_rows, data_section(cfg), e)
+        return _cut(series, future, loaded, cfg, schema, keep, all_windows)
 
+
+def _cut(
+    series: list[Series],
+    future: dict[str, Future],
+    loaded: Any,
+    cfg: DictConfig,
+    schema: DataSchema,
+    keep: Any,
+    all_windows: bool,
+) -> Windows:
+    """The windows of each series, normalized as the checkpoint's schema says."""
+    e, h = schema.encoder_length, schema.prediction_length
     known_from = 1 + len(loaded.observed)  # the first known input's column
-    keys = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    builder = WindowBuilder(["predict"])
-    lacking = []
+    cut, builder = serving.Cut(e, h, all_windows), WindowBuilder(["predict"])
     for s in series:
-        times, given, future_known = _future_steps(s, future.get(s.name), cfg, h)
-        if len(times) < h and not all_windows:
-            lacking.append(f"{s.name} has {len(times)}")
-        n, f = len(s.target), len(times)
-        first = e - 1 if all_windows else n - 1
-        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
-        if len(origins) == 0:
-            if all_windows:
-                lacking.append(f"{s.name} has {len(times)}")
-            continue
-        rows = np.full((n + f, known_from + len(loaded.known)), np.nan)
-        rows[:n] = encoder_rows(s)
-        rows[n:, known_from:] = future_known
-        steps = origins[:, None] + np.arange(1, h + 1)
-        time_all = np.concatenate([s.time_ns, times])
-        parts["instrument"].append(np.full(len(origins), s.name, dtype=object))
-        parts["origin_ns"].append(time_all[origins])
-        parts["target_ns"].append(time_all[steps])
-        parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
-        parts["actual"].append(np.concatenate([s.target, np.full(f, np.nan)])[steps])
-        builder.add(s.name, rows, time_all, [origins - e + 1], s.static)
-    if lacking:
-        raise DataError(
-            f"the forecast needs the known input(s) {', '.join(cfg.known_features)} for the "
-            f"{h} bars after an instrument's last target value: add those rows with the "
-            f"target empty ({'; '.join(lacking)})"
-            + ("" if all_windows else ", or use predict.all_windows=true for past windows")
+        given = future.get(s.name)
+        times, from_data, user = serving.future_steps(
+            s.name, s.time_ns, given, h, list(cfg.known_features)
         )
+        origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)
+        if len(origins) == 0:
+            continue
+        rows = np.full((len(time_all), known_from + len(loaded.known)), np.nan)
+        rows[: len(s.target)] = encoder_rows(s)
+        rows[len(s.target) :, known_from:] = known_at(cfg, times, user)
+        builder.add(s.name, rows, time_all, [origins - e + 1], s.static)
+    facts = cut.facts(list(cfg.known_features), "predict.all_windows=true")
     arrays = builder.normalize(schema.to_dict(), keep)
     dataset = arrays.datasets(e, h, bool(schema.groups))["predict"]
-    return Windows(dataset=dataset, **{k: np.concatenate(v) for k, v in parts.items()})
-
-
-def _check_history(
-    series: list[Series], names: list[str], rows: pa.Table, cfg: DictConfig, needed: int
-) -> None:
-    """Every instrument has an encoder's worth of rows left after NaN handling and warm-up."""
-    usable = {s.name: len(s.target) for s in series}
-    short = [n for n in names if usable.get(n, 0) < needed]
-    if not short:
-        return
-    if cfg.group_column:
-        counts = pc.value_counts(pc.cast(rows.column(cfg.group_column), pa.string()))
-        raw = {c["values"].as_py(): c["counts"].as_py() for c in counts}
-    else:
-        raw = {"series": rows.num_rows}
-    listed = "; ".join(
-        f"{n} has {usable.get(n, 0)} (of {raw.get(n, 0)} in the data)" for n in short
-    )
-    raise DataError(
-        f"too short a history for the checkpoint's encoder of {needed} rows: {listed}; the "
-        "rows left after NaN handling and the feature warm-up count"
-    )
-
-
-def _future_steps(
-    s: Series, given: Future | None, cfg: DictConfig, h: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The times of the (up to `h`) steps after the data, whether each was in the data (not
-    continued at the bar interval), and their known inputs [steps, known]."""
-    times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
-    user = {k: given.known[k][:h] if given else np.zeros(0) for k in cfg.known_features}
-    after = np.diff(np.concatenate([s.time_ns[-1:], times]))
-    if (after <= 0).any():
-        raise DataError(
-            f"the rows after instrument {s.name}'s last target value are not later in time, "
-            "one after the other; sort the file by instrument and time"
-        )
-    bad = [k for k, v in user.items() if not np.isfinite(v).all()]
-    if bad:
-        raise DataError(
-            f"known input(s) {', '.join(bad)} empty in the rows after instrument {s.name}'s "
-            "last target value: the forecast steps need them"
-        )
-    from_data = np.ones(len(times), dtype=bool)
-    if len(times) < h and not cfg.known_features:  # every known input follows from the time
-        step = _bar_interval(s)
-        last = times[-1] if len(times) else s.time_ns[-1]
-        times = np.concatenate([times, last + step * np.arange(1, h - len(times) + 1)])
-        from_data = np.concatenate([from_data, np.zeros(len(times) - len(from_data), bool)])
-    return times, from_data, known_at(cfg, times, user)
-
-
-def _bar_interval(s: Series) -> int:
-    """The instrument's most common time step (so a session gap does not count)."""
-    steps, counts = np.unique(np.diff(s.time_ns), return_counts=True)
-    if len(steps) == 0:
-        raise DataError(f"instrument {s.name} has one row: no bar interval to continue")
-    return int(steps[np.argmax(counts)])
+    return Windows(dataset=dataset, **facts)
 
 
 # --- prediction ------------------------------------------------------------------------------
@@ -398,11 +338,12 @@ class Predictor:
             latest = build_windows(table, cfg, self.schema, False)
         normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
         if adapts and not all_windows:
-            windows, normalized = latest, normalized[_rows_of(windows, latest)]
+            windows, normalized = latest, normalized[rows_of(windows, latest)]
         values = normalized.astype(np.float64) * self.schema.target_scale
         values += self.schema.target_center
         time_type = table.schema.field(cfg.time_column).type
-        return _output(windows, values, sorted(self.quantiles), time_type)
+        columns = [quantile_column(q) for q in sorted(self.quantiles)]
+        return output(windows, values, columns, time_type)
 
     def _calibrated(self, pred: np.ndarray, w: Windows) -> np.ndarray:
         """The model's normalized forecasts calibrated (ACI: from the realized targets)."""
@@ -479,39 +420,3 @@ class Predictor:
                 out[start:stop] = self.model(x).float().cpu().numpy()
                 bar.update(stop - start)
         return out
-
-
-def _rows_of(every: Windows, latest: Windows) -> np.ndarray:
-    """The indices in `every` of the windows of `latest` (by instrument and origin)."""
-    keys = zip(every.instrument, every.origin_ns, strict=True)
-    at = {(str(n), int(o)): i for i, (n, o) in enumerate(keys)}
-    wanted = zip(latest.instrument, latest.origin_ns, strict=True)
-    return np.array([at[(str(n), int(o))] for n, o in wanted], dtype=np.int64)
-
-
-def _times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
-    """Int64 nanoseconds as the input's time type (timestamps keep their time zone)."""
-    mask = None if valid is None else ~valid
-    if pa.types.is_timestamp(time_type):
-        return pa.array(ns, pa.timestamp("ns", tz=time_type.tz), mask=mask)
-    if pa.types.is_date(time_type):
-        return pa.array(ns, pa.timestamp("ns"), mask=mask)
-    return pa.array(ns, pa.int64(), mask=mask)
-
-
-def _output(
-    windows: Windows, values: np.ndarray, levels: list[float], time_type: pa.DataType
-) -> pa.Table:
-    n, h, _ = values.shape
-    actual = windows.actual.ravel()
-    columns = {
-        "instrument": pa.array(np.repeat(windows.instrument, h), pa.string()),
-        "origin_time": _times(np.repeat(windows.origin_ns, h), time_type),
-        "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
-        "target_time": _times(
-            windows.target_ns.ravel(), time_type, windows.target_time_known.ravel()
-        ),
-        **{quantile_column(q): pa.array(values[:, :, j].ravel()) for j, q in enumerate(levels)},
-        "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
-    }
-    return pa.table(columns)

@@ -1,14 +1,14 @@
-"""One training run from a composed config: fit, test, summary.json (the app layer: it wires the
-data, the LightningModule, the memory and quantization plug-ins and the report together)."""
+"""One training run from a composed config, as its phases: prepare, the resume point, assemble
+the parts (`foxhunt.app.assemble`), fit and test (DDP's hand-overs: `foxhunt.app.ddp`), finish:
+the model's forecasts evaluated (`foxhunt.evaluation.run`), the best model exported,
+summary.json, the report."""
 
 from __future__ import annotations
 
-import inspect
 import logging
-import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,28 +19,20 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import Logger
-from lightning.pytorch.strategies import DDPStrategy, Strategy
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
+from omegaconf import DictConfig
 
+from foxhunt.app.assemble import Assembled, Resumed, assemble, check_same_model, plain
+from foxhunt.app.ddp import before_other_processes
 from foxhunt.app.report import report_run
 from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
-from foxhunt.errors import ConfigError, DataError
-from foxhunt.evaluation.calibration import Calibration, calibrate_run, crossing_rate
-from foxhunt.evaluation.forecasts import FORECASTS, forecast_table, window_facts
-from foxhunt.evaluation.judge import judge
+from foxhunt.evaluation.calibration import Calibration, crossing_rate
+from foxhunt.evaluation.forecasts import FORECASTS
 from foxhunt.evaluation.quality import EQUITY_PLOT
-from foxhunt.evaluation.stats import pinball_per_quantile
-from foxhunt.evaluation.strategy import backtest_strategy, plot_equity
+from foxhunt.evaluation.run import evaluate_run, headline_metrics, quantile_loss, validation_returns
+from foxhunt.evaluation.strategy import plot_equity
 from foxhunt.files import check_writable, remove_stale_temps, write_atomic, write_json
 from foxhunt.memory.budget import device_budget, device_total
 from foxhunt.memory.callbacks import (
@@ -49,122 +41,18 @@ from foxhunt.memory.callbacks import (
     OptimizerStateRelease,
     OutOfMemoryAtMinimum,
     batch_one_needs,
-    memory_callbacks,
 )
 from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
-from foxhunt.run.resume import pinned_resume, resume_source
-from foxhunt.threads import ShareCpus
-from foxhunt.training.checkpoint_io import (
-    SafeCheckpointIO,
-    annotate_checkpoint,
-    read_checkpoint_hparams,
-)
-from foxhunt.training.checkpointing import (
-    BestCheckpoint,
-    GracefulInterrupt,
-    LatestCheckpoint,
-    TrainingOutcome,
-)
-from foxhunt.training.module import (
-    ModelHparams,
-    OptimHparams,
-    PrecisionHparams,
-    TFTModule,
-    model_init,
-)
+from foxhunt.run.resume import resume_source
+from foxhunt.training.checkpoint_io import annotate_checkpoint, read_checkpoint_hparams
+from foxhunt.training.module import TFTModule, model_init
 from foxhunt.training.step import validation_forward
 
 log = logging.getLogger(__name__)
-RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
 SUMMARY_METRICS = tuple(m.value for m in Metric)
-
-
-@contextmanager
-def _as_config_error(what: str) -> Iterator[None]:
-    """An object of the config that cannot be built (a wrong argument or value, or one its
-    class refuses) as one ConfigError line, before any data is read."""
-    try:
-        yield
-    except (InstantiationException, MisconfigurationException, ValueError, TypeError) as exc:
-        raise ConfigError(f"invalid {what} setting: {' '.join(str(exc).split())}") from None
-
-
-def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
-    """The logger group's `_target_`, writing into the run directory."""
-    # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
-    # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
-    version = ""
-    if resumed_in_place:
-        earlier = run_dir.glob(f"{logger.get('name', '')}/resume-*")
-        version = f"resume-{len(list(earlier)) + 1}"
-    with _as_config_error("logger"):
-        return instantiate(logger, save_dir=str(run_dir), version=version)
-
-
-def make_callbacks(callbacks: DictConfig, checkpoint_dir: Path) -> list[L.Callback]:
-    """The callbacks group's `_target_` nodes, in order; a null node, or one that builds
-    nothing (early stopping without a patience), is left out."""
-    built = []
-    for node in callbacks.values():
-        if not (OmegaConf.is_dict(node) and "_target_" in node):
-            continue  # the group's own settings (monitor, save_top_k, ...)
-        with _as_config_error("callbacks"):
-            callback = instantiate(node, _convert_="all")
-        if callback is None:
-            continue
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-            # Lightning would save under the logger's version directory
-            callback.dirpath = str(checkpoint_dir)
-        built.append(callback)
-    return built
-
-
-def _check_same_model(
-    hparams: dict[str, Any], model_cfg: dict[str, Any], precision: Precision
-) -> None:
-    """A checkpoint resumes only into the model (and precision family) it was trained as."""
-    changed = [
-        k
-        for k in model_cfg
-        if k not in RUNTIME_MODEL_KEYS and hparams["model"].get(k) != model_cfg[k]
-    ]
-    if changed:
-        raise ConfigError(
-            "the checkpoint was trained with a different model: "
-            + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
-        )
-    trained = precision_of(hparams)
-    if not trained.same_family(precision):
-        raise ConfigError(
-            f"the checkpoint was trained with precision={trained.name}, "
-            f"not precision={precision.name}"
-        )
-
-
-@dataclass
-class Resumed:
-    """What a run continues from: a checkpoint (its schema, whether in its own directory)."""
-
-    ckpt_path: Path | None = None
-    schema: DataSchema | None = None
-    in_place: bool = False
-
-
-@dataclass
-class Assembled:
-    """The parts of one run, built before fit."""
-
-    trainer: L.Trainer
-    datamodule: ParquetDataModule
-    module: TFTModule
-    checkpoint: BestCheckpoint
-    latest: LatestCheckpoint
-    outcome: TrainingOutcome
-    memory: list[L.Callback]
-    precision: Precision
 
 
 @dataclass
@@ -268,81 +156,11 @@ def resume_point(
         return Resumed()
     ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
     remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
-    _check_same_model(hparams, _plain(cfg.model), precision)
+    check_same_model(hparams, plain(cfg.model), precision)
     # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
     # resumed sweep's job); otherwise the new run directory leaves the old one untouched
     in_place = ckpt_path.parent == run.checkpoints.resolve()
     return Resumed(ckpt_path, DataSchema.from_dict(hparams["schema"]), in_place)
-
-
-def assemble(
-    cfg: DictConfig,
-    run: RunDir,
-    resumed: Resumed,
-    precision: Precision,
-    extra_callbacks: Sequence[L.Callback],
-    init_weights: Path | None,
-) -> Assembled:
-    """The callbacks and Trainer (before the data is read: a wrong Trainer argument is one
-    line at the start), then the data and the LightningModule."""
-    callbacks, (checkpoint, latest, outcome, memory) = run_callbacks(cfg, run, precision)
-    callbacks += extra_callbacks
-    trainer = make_trainer(
-        cfg.trainer,
-        precision=precision.trainer_precision,
-        default_root_dir=run.path,
-        logger=make_logger(cfg.logger, run.path, resumed.in_place),
-        callbacks=callbacks,
-        plugins=[SafeCheckpointIO()],
-    )
-    precision.check_device(trainer.strategy.root_device)  # before any data is read
-    datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
-    datamodule.setup()
-    if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
-        datamodule.val_batch_size = cfg.memory.val_batch_size
-    module = make_module(cfg, datamodule.schema)
-    if init_weights and not resumed.ckpt_path:
-        _, hparams, ckpt = read_checkpoint_hparams(init_weights)
-        _check_same_model(hparams, _plain(cfg.model), precision)
-        module.load_state_dict(ckpt["state_dict"])
-    return Assembled(trainer, datamodule, module, checkpoint, latest, outcome, memory, precision)
-
-
-def run_callbacks(
-    cfg: DictConfig, run: RunDir, precision: Precision
-) -> tuple[list[L.Callback], tuple[BestCheckpoint, LatestCheckpoint, TrainingOutcome, list]]:
-    """Every callback of a run, in order; and the ones whose results the run reads after fit
-    (the best and latest checkpoints, how training ended, the memory policy's)."""
-    configured = make_callbacks(cfg.callbacks, run.checkpoints)
-    checkpoint = next((c for c in configured if isinstance(c, BestCheckpoint)), None)
-    if checkpoint is None:
-        raise ConfigError(
-            "callbacks needs a foxhunt.training.checkpointing.BestCheckpoint (as in "
-            "callbacks=default): the run tests and exports its best checkpoint"
-        )
-    latest = LatestCheckpoint(run.checkpoints)
-    outcome = TrainingOutcome(cfg.callbacks.get("monitor", "val_loss"))
-    memory = memory_callbacks(cfg)
-    if cfg.memory.batch_size_search.enabled:
-        memory.insert(0, BatchSizeSearch(cfg))
-    interrupt = GracefulInterrupt(run.checkpoints)
-    callbacks = [*memory, interrupt, *configured, latest, outcome]
-    # intra-op threads: the CPUs other processes leave free, unless the run must be exact
-    callbacks.append(ShareCpus(fixed=bool(cfg.trainer.get("deterministic"))))
-    callbacks += precision.callbacks()  # int8: when QAT observes and fakes quantization
-    return callbacks, (checkpoint, latest, outcome, memory)
-
-
-def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
-    """The LightningModule, its hyperparameters as plain containers (enums as strings)."""
-    # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
-    optim: OptimHparams = {**_plain(cfg.optim), "gradient_clip_val": cfg.trainer.gradient_clip_val}
-    model: ModelHparams = _plain(cfg.model)
-    precision: PrecisionHparams = _plain(cfg.precision)
-    module = TFTModule(model=model, schema=schema.to_dict(), optim=optim, precision=precision)
-    module.model.gradient_checkpointing = cfg.memory.gradient_checkpointing
-    module.data_config = _plain(cfg.data)
-    return module
 
 
 def fit_and_test(
@@ -356,7 +174,7 @@ def fit_and_test(
     under the memory policy's budget."""
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     if trainer.world_size > 1:
-        _before_other_processes(cfg, trainer, ckpt_path)
+        before_other_processes(cfg, trainer, ckpt_path)
     device = trainer.strategy.root_device
     held = [*module.parameters(), *module.buffers()]
     budget_mb = cfg.memory.budget_mb
@@ -427,34 +245,16 @@ def finish_validation(
     if trainer.is_global_zero and fitted.best:
         module.load_state_dict(read_checkpoint_hparams(fitted.best)[2]["state_dict"])
         pred, _ = forecast_split(trainer, module, "val")
-        table = forecast_table(
-            datamodule.datasets["val"], datamodule.schema, pred, list(cfg.model.quantiles)
+        summary["validation"] = validation_returns(
+            datamodule.datasets["val"], datamodule.schema, pred, list(cfg.model.quantiles), cfg.eval
         )
-        summary["validation"] = portfolio_returns(table, datamodule.schema.target_kind, cfg.eval)
     summary["splits"] = datamodule.splits
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     return summary
 
 
-def portfolio_returns(table: Any, target_kind: str, e: Any) -> dict[str, Any]:
-    """The costed strategy's portfolio on a forecast table: its Sharpe ratio and per-bar net
-    returns with their times (int64 ns), or {skipped: why} for a level that is no price."""
-    try:
-        result = backtest_strategy(table, str(e.strategy), e.cost_bps, target_kind)
-    except DataError as why:
-        return {"skipped": str(why)}
-    times, net = result.portfolio_returns
-    return {
-        "sharpe": result.portfolio["sharpe"],
-        "bars": len(net),
-        "time_ns": times.tolist(),
-        "net": net.tolist(),
-    }
-
-
 def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str, Any]:
     trainer, datamodule, schema = parts.trainer, parts.datamodule, parts.datamodule.schema
-    tested = fitted.tested
     return {
         "best_checkpoint": fitted.best,
         "last_checkpoint": fitted.last,
@@ -470,51 +270,59 @@ def _run_figures(cfg: DictConfig, parts: Assembled, fitted: Fitted) -> dict[str,
         "dropped_features": list(schema.dropped),  # constant over the training split
         "num_parameters": sum(p.numel() for p in parts.module.model.parameters()),
         "quantiles": list(cfg.model.quantiles),
-        "metrics": {
-            "val_loss": fitted.best_score,
-            "test_loss": tested.get("test_loss"),
-            "test_mae": tested.get("test_mae"),
-            "test_directional_accuracy": tested.get("test_directional_accuracy"),
-            "test_coverage": tested.get("test_coverage"),
-            "baseline_test_loss": tested.get("test_baseline_loss"),
-        },
+        "metrics": headline_metrics(fitted.best_score, fitted.tested),
     }
 
 
 def evaluate_test(
     trainer: L.Trainer, module: TFTModule, run_dir: Path, test_loss: float, cfg: DictConfig
 ) -> tuple[dict[str, Any], Calibration]:
-    """The model's validation and test forecasts, once: calibrated on the validation windows
-    (`foxhunt.evaluation.calibration`), the test's judged beside the baselines on the same
-    windows (`foxhunt.evaluation.judge`), written to test_forecasts.parquet. Returns
-    summary.json's `baselines`, `evaluation`, `strategy` and `calibration`, its headline
-    `metrics` merged in, and the calibration."""
+    """The model's validation and test forecasts, once, evaluated (`foxhunt.evaluation.run`:
+    calibrated on the validation windows, the test's judged beside the baselines on the same
+    windows), written to test_forecasts.parquet. Returns summary.json's `baselines`,
+    `evaluation`, `strategy` and `calibration`, its headline `metrics` merged in, and the
+    calibration."""
     datamodule: ParquetDataModule = trainer.datamodule
     quantiles = list(cfg.model.quantiles)  # exact: the module's buffer is float32
+    raw, model_crossing = _test_forecasts(trainer, module, test_loss, cfg)
+    val_pred, _ = forecast_split(trainer, module, "val")
+    done = evaluate_run(
+        datamodule.datasets,
+        datamodule.schema,
+        val_pred,
+        raw,
+        model_crossing,
+        quantiles,
+        cfg.calibration,
+        cfg.eval,
+        cfg.seed,
+    )
+    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(done.judged.table, f))
+    if cfg.report:
+        plot_equity(done.judged.equity, run_dir / EQUITY_PLOT)
+    return done.summary, done.calibration
+
+
+def _test_forecasts(
+    trainer: L.Trainer, module: TFTModule, test_loss: float, cfg: DictConfig
+) -> tuple[np.ndarray, float | None]:
+    """[windows, H, Q] the test windows' forecasts and their crossing rate: the test step's
+    own when it kept them, else made again (and checked to score what the test step did)."""
+    datamodule: ParquetDataModule = trainer.datamodule
     if module.kept is not None:  # the test step's own forecasts
         raw = torch.cat(module.kept).numpy() if module.kept else np.empty((0, 0, 0), np.float32)
         model_crossing, module.kept = crossing_rate(raw), None
         assert len(raw) == len(datamodule.datasets["test"]), "the test step skipped windows"
-    else:
-        raw, model_crossing = forecast_split(trainer, module, "test")
-        own_loss = _quantile_loss(raw, datamodule, quantiles)
-        if own_loss is not None and _every_window(cfg, "test"):
-            if abs(own_loss / test_loss - 1) > 1e-3:
-                log.warning(  # the same windows and model: a mismatch is a bug, not noise
-                    "the test forecasts score %.6g, the test step %.6g", own_loss, test_loss
-                )
-    val_pred, _ = forecast_split(trainer, module, "val")
-    calibration, pred, calibrated = calibrate_run(
-        cfg.calibration, datamodule.datasets, datamodule.schema, val_pred, raw, quantiles
-    )
-    calibrated["crossing_rate_model"] = model_crossing
-    judged = judge(
-        datamodule.datasets, datamodule.schema, pred, quantiles, cfg.eval, cfg.seed, raw=raw
-    )
-    write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(judged.table, f))
-    if cfg.report:
-        plot_equity(judged.equity, run_dir / EQUITY_PLOT)
-    return {**judged.summary, "calibration": calibrated}, calibration
+        return raw, model_crossing
+    raw, model_crossing = forecast_split(trainer, module, "test")
+    quantiles = list(cfg.model.quantiles)
+    own_loss = quantile_loss(raw, datamodule.datasets["test"], datamodule.schema, quantiles)
+    if own_loss is not None and _every_window(cfg, "test"):
+        if abs(own_loss / test_loss - 1) > 1e-3:
+            log.warning(  # the same windows and model: a mismatch is a bug, not noise
+                "the test forecasts score %.6g, the test step %.6g", own_loss, test_loss
+            )
+    return raw, model_crossing
 
 
 def _every_window(cfg: DictConfig, split: str) -> bool:
@@ -522,16 +330,6 @@ def _every_window(cfg: DictConfig, split: str) -> bool:
     integer is a number of batches, 1 one batch, the float 1.0 all of them)."""
     limit = cfg.trainer.get(f"limit_{split}_batches")
     return limit is None or (isinstance(limit, float) and limit == 1.0)
-
-
-def _quantile_loss(
-    pred: np.ndarray, datamodule: ParquetDataModule, quantiles: list
-) -> float | None:
-    """The test step's loss of forecasts `pred` of the test windows (normalized)."""
-    if not len(pred):
-        return None
-    actual = window_facts(datamodule.datasets["test"], datamodule.schema).actual
-    return float(pinball_per_quantile(pred, actual, np.asarray(quantiles)).mean())
 
 
 def export_best(
@@ -548,7 +346,7 @@ def export_best(
     calibration."""
     return precision.export(
         module.model,
-        init=model_init(_plain(cfg.model), datamodule.schema),
+        init=model_init(plain(cfg.model), datamodule.schema),
         schema=datamodule.schema.to_dict(),
         run=run,
         test_batches=datamodule.test_dataloader(sharded=False),
@@ -579,54 +377,6 @@ def forecast_split(
     pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
     assert len(pred) == len(datamodule.datasets[split]), f"the {split} loader skipped windows"
     return pred, crossing_rate(pred)
-
-
-def make_trainer(trainer: DictConfig, **set_by_foxhunt: Any) -> L.Trainer:
-    """The trainer group's `lightning.Trainer`, built by Hydra, with the arguments foxhunt
-    sets itself (precision, logger, callbacks, plugins, the run directory); a value Lightning
-    refuses is one ConfigError line."""
-    with _as_config_error("trainer"):
-        build: Callable[..., L.Trainer] = instantiate(trainer, _partial_=True, _convert_="all")
-        # the module's step clips to gradient_clip_val itself (Lightning refuses clipping with
-        # manual optimization)
-        return build(gradient_clip_val=None, strategy=_strategy(trainer.strategy), **set_by_foxhunt)
-
-
-def _strategy(name: str) -> str | Strategy:
-    if name != "ddp":
-        return name
-    # DDP without its buffer broadcast in forward: the buffers here are constants (the
-    # quantiles), and the broadcast would be a collective in validation steps, whose number
-    # differs by process (torch 2.13 renamed the switch)
-    ddp_args = inspect.signature(DistributedDataParallel).parameters
-    key = "forward_sync_buffers" if "forward_sync_buffers" in ddp_args else "broadcast_buffers"
-    return DDPStrategy(**{key: False})
-
-
-def _before_other_processes(cfg: DictConfig, trainer: L.Trainer, ckpt_path: Path | None) -> None:
-    """Checks and hand-overs for DDP, whose other processes Lightning starts inside fit() by
-    re-running this command (with the same Hydra run directory, no .hydra of their own)."""
-    if cfg.memory.oom_backoff.enabled and not cfg.memory.oom_backoff.keep_effective_batch:
-        raise ConfigError(
-            "memory.oom_backoff.keep_effective_batch=false turns an OOM into extra optimizer "
-            "steps, which the other DDP processes would not take; keep it true with DDP"
-        )
-    strategy = trainer.strategy
-    if not isinstance(strategy.launcher, _SubprocessScriptLauncher):
-        return
-    if strategy.cluster_environment.creates_processes_externally:
-        return  # torchrun, SLURM: nothing is re-run, this is one of the processes
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise ConfigError(
-            f"trainer.strategy={cfg.trainer.strategy} cannot run inside a Hydra multirun (-m): "
-            "Lightning starts the other processes by re-running the command, which would "
-            "re-run the whole sweep; run each combination as its own command"
-        )
-    if cfg.resume is not None:
-        sys.argv[1:] = pinned_resume(sys.argv[1:], ckpt_path)
 
 
 def _report(cfg: DictConfig, run_dir: Path, summary: dict, module: TFTModule, data: Any) -> None:
@@ -683,12 +433,6 @@ def memory_summary(callbacks: list[L.Callback], device: torch.device) -> dict:
             out["log"] = cb.lines
             out["peak_mb"] = cb.peak_mb
     return out
-
-
-def _plain(node: DictConfig) -> Any:
-    """A config group as plain containers, its enums as their strings (what a checkpoint's
-    weights-only loading accepts)."""
-    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 def _float(x: torch.Tensor | None) -> float | None:

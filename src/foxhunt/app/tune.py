@@ -16,9 +16,10 @@ deflated Sharpe ratio and the probability of backtest overfitting of having chos
   count; a trial that cannot fit in memory or whose combination is invalid is pruned with the
   reason; each running trial writes a heartbeat, so a resumed study re-runs the trials of dead
   workers (Optuna's own heartbeat is the RDB storage's alone, and only inside optimize).
-- **Storage**: a journal file in the study's directory (the default; file locks, so it works
-  on a shared filesystem) or an RDB URL (PostgreSQL for several machines). The study is named
-  after the command's overrides (tune.study to choose), so the same command continues it.
+- **Storage** (`foxhunt.app.study`): a journal file in the study's directory (the default;
+  file locks, so it works on a shared filesystem) or an RDB URL (PostgreSQL for several
+  machines). The study is named after the command's overrides (tune.study to choose), so the
+  same command continues it.
 """
 
 from __future__ import annotations
@@ -28,10 +29,7 @@ import json
 import logging
 import math
 import multiprocessing as mp
-import os
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +44,18 @@ from optuna.trial import TrialState
 
 from foxhunt.app import backtest
 from foxhunt.app.backtest import Fold
+from foxhunt.app.study import JOURNAL as JOURNAL  # re-exported, as tests name it
+from foxhunt.app.study import (
+    Heartbeat,
+    counts,
+    counts_toward,
+    mark_worker,
+    open_study_or_explain,
+    recover,
+    same_plan,
+    storage_label,
+)
+from foxhunt.app.study import repair_journal as repair_journal  # re-exported, as tests call it
 from foxhunt.app.train import train
 from foxhunt.config import validate
 from foxhunt.data.names import resolve_data
@@ -53,7 +63,6 @@ from foxhunt.data.read import timeline
 from foxhunt.data.splits import NO_START
 from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation import selection
-from foxhunt.evaluation.strategy import bars_per_year
 from foxhunt.files import write_json, write_text
 from foxhunt.memory.callbacks import OutOfMemoryAtMinimum
 from foxhunt.run.dir import RunDir
@@ -62,9 +71,7 @@ from foxhunt.run.resume import experiment_key
 log = logging.getLogger(__name__)
 SUMMARY = "tune_summary.json"
 REPORT = "tune_report.md"
-JOURNAL = "study.journal"
 FOLD_STEPS = 10_000  # a trial reports fold k's n-th validation at step k * FOLD_STEPS + n
-HOST = socket.gethostname()
 # what names a study: the overrides but how many trials, where, by how many workers
 NOT_THE_STUDY = ("tune.trials", "tune.jobs", "tune.worker", "tune.refit", "tune.dir")
 NOT_THE_STUDY += ("tune.storage", "tune.heartbeat_s", "tune.grace_s", "hydra")
@@ -155,126 +162,6 @@ def study_name(cfg: DictConfig, overrides: Sequence[str], plan: dict[str, Any]) 
     return "tune-" + hashlib.sha256("\n".join(key).encode()).hexdigest()[:10]
 
 
-def same_plan(study: optuna.Study, plan: dict[str, Any]) -> None:
-    """The plan recorded in a new study; a study continued with another space or other folds
-    is refused (its trials would not compare)."""
-    recorded = study.user_attrs.get("plan")
-    if recorded is None:
-        study.set_user_attr("plan", plan)
-    elif recorded != json.loads(json.dumps(plan)):
-        raise ConfigError(
-            f"study {study.study_name} was begun with another tune_space or other folds (the "
-            "data or backtest settings changed): name a new one with tune.study=..."
-        )
-
-
-def storage_label(cfg: DictConfig, study_dir: Path) -> str:
-    """The storage, as a log line names it (an RDB URL without its password)."""
-    if not cfg.tune.storage:
-        return str(study_dir / JOURNAL)
-    from sqlalchemy.engine import make_url
-
-    return make_url(str(cfg.tune.storage)).render_as_string(hide_password=True)
-
-
-def open_study(cfg: DictConfig, name: str, study_dir: Path, seed: int) -> optuna.Study:
-    """The study in its storage, created on first use; an unreachable RDB is one line."""
-    t = cfg.tune
-    if t.storage:
-        storage: Any = optuna.storages.RDBStorage(
-            str(t.storage), engine_kwargs={"pool_pre_ping": True}
-        )
-    else:
-        repair_journal(study_dir / JOURNAL)
-        backend = optuna.storages.journal.JournalFileBackend(str(study_dir / JOURNAL))
-        storage = optuna.storages.JournalStorage(backend)
-    pruner: optuna.pruners.BasePruner = {
-        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=t.startup_trials),
-        "halving": lambda: optuna.pruners.SuccessiveHalvingPruner(),
-        "none": lambda: optuna.pruners.NopPruner(),
-    }[str(t.pruner)]()
-    return optuna.create_study(
-        study_name=name,
-        storage=storage,
-        direction="minimize",
-        load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials),
-        pruner=pruner,
-    )
-
-
-def repair_journal(path: Path, chunk: int = 1 << 16) -> None:
-    """Cut off a journal's last line if its append was cut short (a worker killed mid-write):
-    it never counted, and Optuna would fail on the next line appended after it. Under the
-    journal's own lock (Optuna's default: a symlink beside it, stale after 30 s)."""
-    if not path.is_file():
-        return
-    lock = optuna.storages.journal.JournalFileSymlinkLock(str(path))
-    lock.acquire()
-    try:
-        with open(path, "r+b") as f:
-            end = f.seek(0, os.SEEK_END)
-            f.seek(max(end - 1, 0))
-            if end == 0 or f.read(1) == b"\n":
-                return
-            at = end
-            while at > 0:  # back to the last newline
-                start = max(at - chunk, 0)
-                f.seek(start)
-                block = f.read(at - start)
-                if (i := block.rfind(b"\n")) >= 0:
-                    at = start + i + 1
-                    break
-                at = start
-            f.truncate(at)
-            os.fsync(f.fileno())
-        log.warning("tune: %s ended in a cut-off line (a killed worker's); removed", path)
-    finally:
-        lock.release()
-
-
-def open_study_or_explain(cfg: DictConfig, name: str, study_dir: Path, seed: int) -> optuna.Study:
-    try:
-        return open_study(cfg, name, study_dir, seed)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's, the driver's: one line for any
-        if not cfg.tune.storage:
-            raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"tune.storage={storage_label(cfg, study_dir)}: cannot open the study ({first})"
-        ) from None
-
-
-def recover(study: optuna.Study, grace_s: float) -> None:
-    """Trials left running by a dead worker (its process gone on this host, or no heartbeat
-    for `grace_s`) marked failed, and their parameters queued to run again."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        attrs = t.user_attrs
-        gone = attrs.get("host") == HOST and not _alive(int(attrs.get("pid", -1)))
-        silent = time.time() - float(attrs.get("alive_at", time.time())) > grace_s
-        if not (gone or silent):
-            continue
-        study._storage.set_trial_user_attr(t._trial_id, "failed", "its worker died")
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
-        log.warning("tune: trial %d was left running by a dead worker; queued again", t.number)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# --- the search ----------------------------------------------------------------------------
-
-
 def search(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path) -> None:
     """Trials until the study has tune.trials finished ones, in tune.jobs processes: this one
     and tune.jobs - 1 started beside it, all beginning once every one is ready."""
@@ -340,7 +227,7 @@ def work(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path, seed: i
         ahead = [
             t
             for t in study.get_trials(deepcopy=False)
-            if t.number < trial.number and _counts_toward(t)
+            if t.number < trial.number and counts_toward(t)
         ]
         if len(ahead) >= budget:  # another worker took the last one meanwhile
             trial.set_user_attr("failed", "not run: the study had its trials")
@@ -351,36 +238,17 @@ def work(cfg: DictConfig, folds: list[Fold], name: str, study_dir: Path, seed: i
         progress(study, trial.number, state, value, budget, started, done_here, cfg.tune.jobs)
 
 
-def _counts_toward(t: optuna.trial.FrozenTrial) -> bool:
-    finished = t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return finished or (t.state == TrialState.FAIL and "error" in t.user_attrs)
-
-
-def counts(study: optuna.Study) -> dict[str, int]:
-    trials = study.get_trials(deepcopy=False)
-    n = {s: sum(t.state == s for t in trials) for s in TrialState}
-    errors = sum(t.state == TrialState.FAIL and "error" in t.user_attrs for t in trials)
-    return {
-        "trials_completed": n[TrialState.COMPLETE],
-        "trials_pruned": n[TrialState.PRUNED],
-        "trials_failed": errors,
-        "trials_finished": n[TrialState.COMPLETE] + n[TrialState.PRUNED],
-        "trials_running": n[TrialState.RUNNING],
-    }
-
-
 def run_and_tell(
     cfg: DictConfig, folds: list[Fold], study: optuna.Study, trial: optuna.Trial, study_dir: Path
 ) -> tuple[TrialState, float | None]:
     """One trial, told to the study: complete, pruned (by the pruner, for memory, for an
     invalid combination: the reason in its user attribute `pruned`), or failed (a
     FoxhuntError, raised on after it is told: the study stops with its one line)."""
-    trial.set_user_attr("host", HOST)
-    trial.set_user_attr("pid", os.getpid())
+    mark_worker(trial)
     started = time.perf_counter()
     state, value = TrialState.COMPLETE, None
     try:
-        with _Heartbeat(trial, cfg.tune.heartbeat_s):
+        with Heartbeat(trial, cfg.tune.heartbeat_s):
             value = run_trial(cfg, folds, trial, study_dir)
     except (optuna.TrialPruned, OutOfMemoryAtMinimum, _Invalid) as why:
         state = TrialState.PRUNED
@@ -512,28 +380,6 @@ class ReportValidation(L.Callback):
             raise optuna.TrialPruned(f"pruned in fold {self.fold}, validation {self.seen}")
 
 
-class _Heartbeat:
-    """The trial's `alive_at` user attribute renewed every `every_s` seconds while it runs."""
-
-    def __init__(self, trial: optuna.Trial, every_s: float) -> None:
-        self.trial, self.every_s, self.stop = trial, every_s, threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self) -> None:
-        while True:
-            self.trial.set_user_attr("alive_at", time.time())
-            if self.stop.wait(self.every_s):
-                return
-
-    def __enter__(self) -> _Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def progress(
     study: optuna.Study,
     number: int,
@@ -597,7 +443,9 @@ def summarize(cfg: DictConfig, study: optuna.Study, study_dir: Path) -> dict[str
         **counts(study),
         "pruning_saved_s": pruning_saved(trials),
         "search_wall_s": round(sum(t.user_attrs.get("wall_s", 0) for t in trials), 1),
-        "selection": selection_stats(complete, best),
+        "selection": selection.selection_stats(
+            {t.number: t.user_attrs.get("returns") or {} for t in complete}, best.number
+        ),
     }
     if cfg.tune.refit:
         summary["refit"] = refit(cfg, params, study_dir / f"refit-trial-{best.number}")
@@ -616,45 +464,6 @@ def pruning_saved(trials: list[optuna.trial.FrozenTrial]) -> float | None:
     mean = float(np.mean(done))
     cut = [t.user_attrs.get("wall_s", 0.0) for t in trials if t.state == TrialState.PRUNED]
     return round(sum(max(mean - w, 0.0) for w in cut), 1)
-
-
-def selection_stats(
-    complete: list[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial
-) -> dict[str, Any]:
-    """DSR of the winner and PBO of the selection, from the completed trials' portfolio
-    returns on the bars every one of them traded (their validation periods)."""
-    returns = {t.number: t.user_attrs.get("returns") or {} for t in complete}
-    returns = {n: r for n, r in returns.items() if r.get("net")}
-    if best.number not in returns or len(returns) < 2:
-        return {"skipped": "fewer than two completed trials with strategy returns"}
-    common = set.intersection(*(set(r["time_ns"]) for r in returns.values()))
-    times = np.array(sorted(common), dtype=np.int64)
-    numbers = list(returns)
-    matrix = np.empty((len(times), len(numbers)))
-    for j, n in enumerate(numbers):
-        by_time = dict(zip(returns[n]["time_ns"], returns[n]["net"], strict=True))
-        matrix[:, j] = [by_time[t] for t in times]
-    per_period = selection.sharpe(matrix, axis=0)
-    per_year = bars_per_year(times) or 1.0
-    annual = per_period * math.sqrt(per_year)
-    winner = numbers.index(best.number)
-    dsr = selection.deflated_sharpe(matrix[:, winner], per_period)
-    return {
-        "trials": len(numbers),
-        "periods": len(times),
-        "winner_sharpe": float(annual[winner]),  # annualized, on the validation periods
-        "naive_best_sharpe": float(annual.max()),  # the best of the trials, by luck or not
-        "naive_best_trial": numbers[int(np.argmax(annual))],
-        "dsr": dsr,
-        "pbo": selection.pbo(matrix),
-        "about": {
-            "dsr": "the probability that the winner's Sharpe ratio beats the best that as "
-            "many trials of no skill would reach by luck (significant above 0.95)",
-            "pbo": "the share of ways to split the validation periods in half in which the "
-            "trial best on one half ranks in the lower half on the other (0.5: selection "
-            "picks noise; near 0: the winner keeps winning)",
-        },
-    }
 
 
 def refit(cfg: DictConfig, params: dict[str, Any], out_dir: Path) -> dict[str, Any]:

@@ -1,38 +1,7 @@
-"""Features derived from raw OHLCV bars, one instrument at a time.
-
-Everything here works on ONE instrument's contiguous, time-ordered arrays and is **causal**:
-the value at row ``t`` uses rows ``<= t`` only. Rolling statistics are computed with cumulative
-sums (means, variances) and a doubling table (rolling max/min), so a few hundred features over
-tens of thousands of rows take milliseconds.
-
-Notation: ``c_t`` close, ``h_t`` high, ``l_t`` low, ``v_t`` volume, ``r_t = log(c_t / c_{t-1})``
-the 1-bar log return, ``x_t = log1p(v_t)``. A window ``w`` covers rows ``t-w+1 .. t``.
-
-Target
-    ``r_t`` (NaN at ``t = 0``). It is not an observed feature: the model sees it as target
-    history. This is why lag 1 is not among the default return lags.
-
-Observed feature families (name ``<family>_<k>``)
-    ``logret_k``  ``log(c_t / c_{t-k})``; needs ``k`` previous rows.
-    ``rvol_w``    realized volatility ``sqrt(mean(r^2))`` over the window; needs ``w`` rows of
-                  returns, i.e. ``w`` previous rows.
-    ``volz_w``    volume z-score ``(x_t - mean(x)) / std(x)`` over the window (population std;
-                  0 where the std is (numerically) zero); ``w >= 2``.
-    ``range_w``   ``log(max h / min l)`` over the window (``w = 1``: this bar's range).
-    ``clv_w``     close location ``(c_t - min l) / (max h - min l)`` in ``[0, 1]`` over the
-                  window; 0.5 where the range is zero.
-    ``mom_w``     normalised momentum ``sum(r) / (sqrt(w) * rvol_w)`` over the window: the mean
-                  return in units of its standard error, a t-statistic of drift, bounded by
-                  ``sqrt(w)``; 0 where ``rvol_w`` is zero. (The plain rolling mean of returns
-                  would be ``logret_w / w``, a duplicate.)
-
-Known (calendar) features, deterministic from the bar timestamp (UTC), never NaN
-    ``tod_sin``, ``tod_cos``   time of day: ``2*pi*seconds_since_midnight/86400``.
-    ``dow_sin``, ``dow_cos``   day of week: ``2*pi*weekday/7`` (Monday = 0).
-    ``to_cash_close``          signed minutes to the next/last US cash close at 20:00 UTC,
-                               wrapped to ``[-720, 720)`` and divided by 720: 0 at the close,
-                               positive before it (about 0.9 at the 13:30 UTC open), negative
-                               after it, jumping from -1 to +1 at 08:00 UTC.
+"""Which features to derive from OHLCV bars: the spec, the plan of names and windows, the
+warm-up, and `derive_features` over one instrument's arrays. What each feature is, and the code
+that computes it, is the serving core's `foxhunt_serve.features` (one definition for training,
+predict and the ONNX consumer).
 
 Warm-up
     The number of leading rows with a NaN in any output (target included):
@@ -53,14 +22,14 @@ Extension to ``num_features``
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import ConfigError, DataError, data_errors
 
 __all__ = [
     "OhlcvSpec",
@@ -75,7 +44,7 @@ __all__ = [
     "derive_features",
 ]
 
-KNOWN_CALENDAR: tuple[str, ...] = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")
+KNOWN_CALENDAR: tuple[str, ...] = CALENDAR
 """Names of the calendar (known-future) features, in order."""
 INTRADAY_CALENDAR: tuple[str, ...] = ("tod_sin", "tod_cos", "to_cash_close")
 """The calendar features of intraday bars only (`OhlcvSpec.intraday`)."""
@@ -87,7 +56,7 @@ EXTENSION_GRID: tuple[int, ...] = tuple(
 """Windows the ``num_features`` extension draws from (geometric, 1 .. 512)."""
 
 # Family order: base list order and round-robin order of the extension.
-_FAMILIES: tuple[str, ...] = ("logret", "rvol", "volz", "range", "clv", "mom")
+_FAMILIES: tuple[str, ...] = FAMILIES
 _SPEC_FIELD = {
     "logret": "return_lags",
     "rvol": "volatility_windows",
@@ -98,9 +67,6 @@ _SPEC_FIELD = {
 }
 _MIN_WINDOW = {"logret": 1, "rvol": 1, "volz": 2, "range": 1, "clv": 1, "mom": 1}
 _MIN_EXTENSION = {"logret": 2, "rvol": 2, "volz": 4, "range": 1, "clv": 1, "mom": 2}
-
-_NS_PER_DAY = 86_400 * 1_000_000_000
-_CASH_CLOSE_MIN = 20 * 60  # 20:00 UTC
 
 
 def _as_windows(name: str, value: Any) -> tuple[int, ...]:
@@ -215,17 +181,10 @@ def feature_names(spec: OhlcvSpec) -> tuple[list[str], list[str]]:
     return [f"{fam}_{w}" for fam, w in obs], known
 
 
-def _needs(fam: str, w: int) -> int:
-    """Leading NaN rows of one feature."""
-    if fam in ("logret", "rvol", "mom"):
-        return w
-    return w - 1
-
-
 def warmup_of(spec: OhlcvSpec) -> int:
     """Leading rows with NaN in any output of :func:`derive_features` (at least 1: the target)."""
     obs, _ = _plan(spec)
-    return max([1] + [_needs(fam, w) for fam, w in obs])
+    return max([1] + [warmup(fam, w) for fam, w in obs])
 
 
 @dataclass
@@ -236,64 +195,6 @@ class DerivedFeatures:
     known: dict[str, np.ndarray] = field(default_factory=dict)
     target: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
     warmup: int = 1
-
-
-# --- rolling helpers (causal; NaN where the window is incomplete) ------------------------------
-
-
-def _lagged_diff(cs: np.ndarray, w: int) -> np.ndarray:
-    """``cs[t] - cs[t-w]`` with NaN for ``t < w``."""
-    out = np.full(cs.shape[0], np.nan)
-    if w < cs.shape[0]:
-        out[w:] = cs[w:] - cs[:-w]
-    return out
-
-
-def _prefix(x: np.ndarray) -> np.ndarray:
-    """Cumulative sum with a leading zero: ``S[t+1] = sum(x[:t+1])``."""
-    out = np.empty(x.shape[0] + 1)
-    out[0] = 0.0
-    np.cumsum(x, out=out[1:])
-    return out
-
-
-def _window_sum(prefix: np.ndarray, w: int) -> np.ndarray:
-    """Sum of the last ``w`` values (rows ``t-w+1..t``), NaN for ``t < w-1``."""
-    n = prefix.shape[0] - 1
-    out = np.full(n, np.nan)
-    if w <= n:
-        out[w - 1 :] = prefix[w:] - prefix[: n - w + 1]
-    return out
-
-
-class _RollingExtreme:
-    """Rolling max (or min) for many windows via a doubling table: ``O(n log w)`` to build."""
-
-    def __init__(self, x: np.ndarray, op: np.ufunc) -> None:
-        self._op = op
-        self._levels = [np.asarray(x, dtype=np.float64)]  # level j: window 2**j, valid t >= 2**j-1
-
-    def _level(self, j: int) -> np.ndarray:
-        while len(self._levels) <= j:
-            k = len(self._levels) - 1
-            prev = self._levels[k]
-            step = 1 << k
-            nxt = np.full(prev.shape[0], np.nan)
-            if step < prev.shape[0]:
-                nxt[step:] = self._op(prev[step:], prev[:-step])
-            self._levels.append(nxt)
-        return self._levels[j]
-
-    def __call__(self, w: int) -> np.ndarray:
-        j = w.bit_length() - 1  # 2**j <= w < 2**(j+1)
-        lvl = self._level(j)
-        shift = w - (1 << j)
-        if shift == 0:
-            return lvl
-        out = np.full(lvl.shape[0], np.nan)
-        if shift < lvl.shape[0]:
-            out[shift:] = self._op(lvl[shift:], lvl[:-shift])
-        return out
 
 
 def _time_ns(time_ns: np.ndarray) -> np.ndarray:
@@ -336,93 +237,15 @@ def derive_features(
         if a.ndim != 1 or a.shape[0] != n:
             raise DataError(f"{name} has shape {a.shape}, expected ({n},) like the time column")
     hi, lo, c = arrays["high"], arrays["low"], arrays["close"]
-    for name in ("high", "low", "close"):
-        a = arrays[name]
-        if n and not (np.all(np.isfinite(a)) and np.all(a > 0)):
-            raise DataError(f"{name} prices must be finite and positive")
 
     obs_plan, known_names = _plan(spec)
-    logc = np.log(c)
-    ret = np.full(n, np.nan)
-    if n > 1:
-        ret[1:] = np.diff(logc)
-    ret0 = np.nan_to_num(ret, nan=0.0)
-    p_ret = _prefix(ret0)
-    p_ret2 = _prefix(ret0 * ret0)
-
-    x = np.log1p(np.maximum(arrays["volume"], 0.0))
-    p_x = p_x2 = None
-    hmax = _RollingExtreme(hi, np.maximum)
-    lmin = _RollingExtreme(lo, np.minimum)
-    rvol_cache: dict[int, np.ndarray] = {}
-
-    def rvol(w: int) -> np.ndarray:
-        if w not in rvol_cache:
-            s2 = _window_sum(p_ret2, w)
-            if w <= n:
-                s2[w - 1] = np.nan  # window would include r_0, which does not exist
-            rvol_cache[w] = np.sqrt(np.maximum(s2, 0.0) / w)
-        return rvol_cache[w]
-
-    observed: dict[str, np.ndarray] = {}
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for fam, w in obs_plan:
-            if fam == "logret":
-                val = _lagged_diff(logc, w)
-            elif fam == "rvol":
-                val = rvol(w)
-            elif fam == "mom":
-                s = _window_sum(p_ret, w)
-                vol = rvol(w)
-                den = math.sqrt(w) * vol
-                val = np.where(den > 1e-12, s / np.where(den > 1e-12, den, 1.0), 0.0)
-                val[np.isnan(vol)] = np.nan
-            elif fam == "volz":
-                if p_x is None:
-                    p_x, p_x2 = _prefix(x), _prefix(x * x)
-                mean = _window_sum(p_x, w) / w
-                var = _window_sum(p_x2, w) / w - mean * mean
-                ok = var > 1e-10 * np.maximum(1.0, mean * mean)
-                std = np.sqrt(np.where(ok, var, 1.0))
-                val = np.where(ok, (x - mean) / std, 0.0)
-                val[np.isnan(mean)] = np.nan
-            elif fam in ("range", "clv"):
-                mx, mn = hmax(w), lmin(w)
-                if fam == "range":
-                    val = np.log(mx / mn)
-                else:
-                    rng = mx - mn
-                    val = np.where(rng > 0, (c - mn) / np.where(rng > 0, rng, 1.0), 0.5)
-                    val = np.clip(val, 0.0, 1.0)
-                    val[np.isnan(mx)] = np.nan
-            else:  # pragma: no cover - _plan only yields known families
-                raise AssertionError(fam)
-            observed[f"{fam}_{w}"] = val.astype(np.float32)
-
-    known: dict[str, np.ndarray] = {}
-    if known_names:
-        known = {k: v for k, v in _calendar(t).items() if k in known_names}
-
+    with data_errors():  # the serving core's definitions (foxhunt_serve.features)
+        bars = Ohlcv(hi, lo, c, arrays["volume"])
+        observed = {f"{fam}_{w}": bars.feature(fam, w) for fam, w in obs_plan}
+    known = {k: calendar(t, k) for k in known_names}
     return DerivedFeatures(
         observed=observed,
         known=known,
-        target=ret.astype(np.float32),
+        target=bars.feature("log_return"),
         warmup=min(warmup_of(spec), n),
     )
-
-
-def _calendar(t: np.ndarray) -> dict[str, np.ndarray]:
-    day = np.floor_divide(t, _NS_PER_DAY)
-    sec = (t - day * _NS_PER_DAY) / 1e9
-    tod = 2.0 * np.pi * sec / 86_400.0
-    weekday = (day + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
-    dow = 2.0 * np.pi * weekday / 7.0
-    minutes = sec / 60.0
-    to_close = np.mod(_CASH_CLOSE_MIN - minutes + 720.0, 1440.0) - 720.0
-    return {
-        "tod_sin": np.sin(tod).astype(np.float32),
-        "tod_cos": np.cos(tod).astype(np.float32),
-        "dow_sin": np.sin(dow).astype(np.float32),
-        "dow_cos": np.cos(dow).astype(np.float32),
-        "to_cash_close": (to_close / 720.0).astype(np.float32),
-    }

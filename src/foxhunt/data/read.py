@@ -16,6 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+from foxhunt_serve import read as serving
+from foxhunt_serve.read import TIME_UNITS
+from foxhunt_serve.series import non_finite
 
 from foxhunt.config import parse_time
 from foxhunt.data.columns import (
@@ -24,14 +27,12 @@ from foxhunt.data.columns import (
     check_files,
     column_plan,
     futures_enabled,
-    is_numeric,
 )
 from foxhunt.data.features import derive_features
 from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import ConfigError, DataError, data_errors
 
-TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 # every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -78,122 +79,29 @@ class Loaded:
 
 def as_float(table: pa.Table, column: str) -> np.ndarray:
     """A numeric column as float64 values; a DataError for any other type."""
-    col = table.column(column)
-    if not (is_numeric(col.type)):
-        raise DataError(f"column '{column}' is {col.type}, expected a numeric column")
-    # unsafe: an integer beyond 2**53 rounds to the nearest float64 instead of failing
-    return pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    with data_errors():
+        return serving.as_float(table, column)
 
 
 def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
     """The time column as int64 nanoseconds since 1970: a timestamp or date column by its own
     unit, an integer column by data.time_unit (required: nothing in the file says it)."""
-    column = cfg.time_column
-    col = table.column(column)
-    if col.null_count:
-        raise DataError(f"time column '{column}' has {col.null_count} null values")
-    try:
-        if pa.types.is_integer(col.type):
-            col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(_time_unit(cfg, col)))
-        elif pa.types.is_date(col.type):
-            col = pc.cast(col, pa.timestamp("ms"))
-        elif not pa.types.is_timestamp(col.type):
-            raise DataError(
-                f"time column '{column}' is {col.type}, expected a timestamp or integer"
-            )
-        col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
-    except (pa.ArrowInvalid, OverflowError) as exc:
-        raise DataError(
-            f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
-            f"years 1677-2262): {one_line(exc)}"
-        ) from None
-    return pc.cast(col, pa.int64()).to_numpy()
-
-
-def _time_unit(cfg: Any, col: pa.ChunkedArray) -> str:
-    unit = cfg.time_unit
-    if unit is None:
-        guess = _unit_like(col)
-        like = f": values like {col[0].as_py()} look like {TIME_UNITS[guess]}" if len(col) else ""
-        raise DataError(
-            f"time column '{cfg.time_column}' holds integers ({col.type}) of no stated unit"
-            f"{like}; set data.time_unit={guess} (one of s, ms, us, ns)"
-        )
-    if unit not in TIME_UNITS:
-        raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {unit!r}")
-    return unit
-
-
-def _unit_like(col: pa.ChunkedArray) -> str:
-    """The unit integer times of this magnitude are most likely in: a date of this century
-    has 10 digits in seconds, 13 in milliseconds, 16 in microseconds, 19 in nanoseconds."""
-    if len(col) == 0:
-        return "s"
-    typical = np.median(np.abs(pc.cast(col, pa.float64(), safe=False).to_numpy()))
-    digits = np.log10(max(typical, 1.0))
-    return "s" if digits < 10.5 else "ms" if digits < 13.5 else "us" if digits < 16.5 else "ns"
+    if cfg.time_unit is not None and cfg.time_unit not in TIME_UNITS:
+        raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {cfg.time_unit!r}")
+    with data_errors():
+        return serving.time_ns(table, cfg.time_column, cfg.time_unit)
 
 
 def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
     """Instrument names as text, the one way every reader (and the report) spells them."""
-    try:
-        return pc.cast(col, pa.string())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise DataError(
-            f"group column '{column}' is {col.type}, which cannot name instruments: use text "
-            "or integers"
-        ) from None
+    with data_errors():
+        return serving.as_text(col, column)
 
 
 def group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[str]]:
     """Each row's instrument as an index into the sorted instrument names, and those names."""
-    if column is None:
-        return np.zeros(table.num_rows, dtype=np.int64), ["series"]
-    col = table.column(column)
-    if col.null_count:
-        raise DataError(f"group column '{column}' has {col.null_count} null values")
-    text = as_text(col, column)
-    names = sorted(pc.unique(text).to_pylist())
-    codes = pc.index_in(text, value_set=pa.array(names, pa.string())).to_numpy()
-    return codes.astype(np.int64), names
-
-
-def _nowhere(row: int) -> str:
-    return ""
-
-
-def _handle_non_finite(
-    columns: dict[str, np.ndarray],
-    policy: str,
-    group: str,
-    locate: Callable[[int], str] = _nowhere,
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Apply data.nan_policy; return the columns and the mask of rows kept."""
-    bad = {c: int((~np.isfinite(v)).sum()) for c, v in columns.items()}
-    bad = {c: n for c, n in bad.items() if n}
-    keep = np.ones(len(next(iter(columns.values()))), dtype=bool)
-    if not bad:
-        return columns, keep
-    if policy == "error":
-        listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
-        first = min(int(np.argmax(~np.isfinite(columns[c]))) for c in bad)
-        raise DataError(
-            f"NaN/inf values in instrument {group}{locate(first)}: {listed}; "
-            "set data.nan_policy=ffill or data.nan_policy=drop to handle them"
-        )
-    if policy == "ffill":
-        filled = {}
-        for c, v in columns.items():
-            finite = np.isfinite(v)
-            # index of the last finite value at or before each row (-1 before the first one)
-            last = np.maximum.accumulate(np.where(finite, np.arange(len(v)), -1))
-            filled[c] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
-            keep &= last >= 0  # leading values with nothing to carry forward are dropped
-        columns = filled
-    else:
-        for v in columns.values():
-            keep &= np.isfinite(v)
-    return {c: v[keep] for c, v in columns.items()}, keep
+    with data_errors():
+        return serving.group_codes(table, column)
 
 
 def make_series(
@@ -201,7 +109,7 @@ def make_series(
     name: str,
     t: np.ndarray,
     values: dict[str, np.ndarray],
-    locate: Callable[[int], str] = _nowhere,
+    locate: Callable[[int], str] = lambda row: "",
 ) -> Series:
     """Check one instrument's rows and derive its features.
     `locate(row)` names the file of a row (" in <path>"), or is empty."""
@@ -224,7 +132,8 @@ def make_series(
             f"time column '{cfg.time_column}' is not strictly increasing in instrument "
             f"{name} at its row {i} (of {len(t)}){locate(i)}; {fix}"
         )
-    cols, keep = _handle_non_finite(values, cfg.nan_policy, name, locate)
+    with data_errors():
+        cols, keep = non_finite(values, cfg.nan_policy, name, locate)
     t = t[keep]
     if len(t) == 0:  # as short as can be: an error, as a short one is, not left out unsaid
         policy = cfg.nan_policy
@@ -250,6 +159,14 @@ def make_series(
     for s in plan.static:
         if np.ptp(cols[s]) > 0:
             raise DataError(f"static feature '{s}' varies within instrument {name}")
+    _check_finite(plan, name, obs, kn, y)
+    return Series(name, t, obs, kn, st, y)
+
+
+def _check_finite(
+    plan: ColumnPlan, name: str, obs: np.ndarray, kn: np.ndarray, y: np.ndarray
+) -> None:
+    """Every input and target value of a series after the warm-up is finite."""
     for label, block, names in (
         ("feature", obs, plan.observed),
         ("known feature", kn, plan.known),
@@ -259,7 +176,6 @@ def make_series(
         if not finite.all():
             bad = [names[i] for i in np.flatnonzero(~finite)]
             raise DataError(f"derived {label}(s) {', '.join(bad)} not finite in {name}")
-    return Series(name, t, obs, kn, st, y)
 
 
 def read_data(cfg: Any) -> Loaded:

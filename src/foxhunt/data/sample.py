@@ -3,38 +3,8 @@ and a daily stock panel.
 
 :func:`make_stock_panel` writes daily bars of many stocks, as a data vendor delivers them (see
 :func:`stock_panel_table`). :func:`make_es_sample` writes a Parquet file of OHLCV bars that
-look like CME E-mini S&P 500 (ES) futures. It is a simulation, not market data; what it
-imitates:
-
-* **Calendar.** One Globex session per business day (weekends skipped, holidays ignored). The
-  session for trade date ``D`` runs from 22:00 UTC on the previous calendar day to 21:00 UTC on
-  ``D`` (23 hours; 21:00-22:00 UTC is the daily maintenance break), so Monday's session opens
-  on Sunday evening UTC. Times are fixed in UTC (US daylight-saving shifts are not modelled);
-  the US cash session is 13:30-20:00 UTC. Timestamps are bar *starts*.
-* **Returns.** 1-bar log returns are ``sigma_season * daily_factor * garch * t5_noise`` plus
-  rare jumps: a U-shaped intraday volatility profile (quiet Asian hours, a European bump, an
-  8:30 ET data spike, high at the US cash open and close), a daily log-volatility AR(1) factor
-  (multi-day clustering) and a GARCH(1,1) on the standardised 5-minute shocks (intraday
-  clustering) with Student-t(5) innovations. Daily volatility is about 1 %. Sessions open with a
-  gap over the break (larger after weekends). Within each bar a Brownian bridge gives the high
-  and the low, so ``high >= max(open, close)`` and ``low <= min(open, close)``.
-* **Contracts and rolls.** Quarterly contracts (``ESH6``, ``ESM6``, ``ESU6``, ``ESZ6``: March,
-  June, September, December; expiry the third Friday). Each contract's price is the latent
-  index times ``exp(carry * years_to_expiry)`` (carry about 3 %/year, slowly wandering), so the
-  back month trades at a calendar-spread premium of roughly 0.75 %. Around each roll date
-  (the Thursday eight days before expiry) both contracts are in the file for seven business
-  days (four before the roll date to two after) at the same timestamps; volume migrates from
-  the expiring contract to the next one along a logistic curve that crosses on the roll date.
-  Outside that window only the front contract is present.
-* **Volume.** Intraday U-shape (cash hours far busier than overnight), correlated with the
-  current volatility and with jumps, log-normal noise, about 1.5 million contracts a day in
-  all; always a positive ``int64``.
-* **Prices** are on the 0.25 index-point tick grid and start near 5000.
-
-Rows are sorted by ``(symbol, timestamp)``; each symbol's rows form one contiguous, strictly
-increasing series. With the defaults (80 business days of 5-minute bars starting 2026-03-02)
-there are three contracts (``ESH6``, ``ESM6``, ``ESU6``; volume crosses over on 2026-03-12 and
-2026-06-11), about 26k rows in all.
+look like CME E-mini S&P 500 (ES) futures, the bundled sample: it lives in
+`foxhunt.data.sample_es` (whose docstring says what it imitates) and is importable from here.
 The same arguments always give the same table.
 """
 
@@ -42,11 +12,20 @@ from __future__ import annotations
 
 import math
 import pathlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from foxhunt.data.sample_es import (
+    ES_TICK,
+    SAMPLE_PATH,
+    SCHEMA,
+    es_sample_table,
+    make_es_sample,
+    volatility_factor,
+)
 from foxhunt.files import write_atomic
 
 __all__ = [
@@ -63,337 +42,6 @@ __all__ = [
     "stock_panel_table",
 ]
 
-SAMPLE_PATH = "data/ES_FUT_small.parquet"
-"""Where the bundled sample lives (relative to the working directory, as conf/data/es_fut_small.yaml
-says): the one path data.generate_if_missing may generate it at."""
-
-ES_TICK = 0.25
-"""Minimum price increment of the E-mini S&P 500 future, in index points."""
-
-SCHEMA = pa.schema(
-    [
-        pa.field("timestamp", pa.timestamp("ns", tz="UTC")),
-        pa.field("symbol", pa.string()),
-        pa.field("open", pa.float64()),
-        pa.field("high", pa.float64()),
-        pa.field("low", pa.float64()),
-        pa.field("close", pa.float64()),
-        pa.field("volume", pa.int64()),
-    ]
-)
-"""Column names and types of the sample file, in order."""
-
-_DEFAULT_START = "2026-03-02"  # a Monday; 80 business days cover the March and June 2026 rolls
-_SESSION_MINUTES = 23 * 60
-_SESSION_OPEN_OFFSET_MIN = -120  # session opens at 22:00 UTC on the previous calendar day
-_MONTH_CODES = {3: "H", 6: "M", 9: "U", 12: "Z"}
-_ROLL_BEFORE_EXPIRY_DAYS = 8  # roll Thursday: eight calendar days before the expiry Friday
-_OVERLAP_BEFORE = 4  # business days both contracts trade before the roll date ...
-_OVERLAP_AFTER = 2  # ... and after it
-
-_NS_PER_MIN = 60 * 1_000_000_000
-_NS_PER_DAY = 1440 * _NS_PER_MIN
-_YEAR_NS = 365.25 * _NS_PER_DAY
-
-_DAILY_VOL = 0.0095  # intraday part; session gaps bring the daily total to about 1 %
-_DAILY_VOLUME = 1.5e6
-_GARCH_ALPHA = 0.04
-_GARCH_BETA = 0.93
-_T_DOF = 5.0
-_BRIDGE_STEPS = 8
-
-
-# Intraday shape by minute of the UTC day, as (base, bump, decay minutes) per session segment:
-# the Globex reopen (22:00 UTC), the Asian morning, Europe (from 07:00), the 12:30 US data bump,
-# the US cash session's U between the 13:30 open and the 20:00 close, and the post-close hour.
-_VOL_SHAPE = {
-    "other": 0.30,
-    "reopen": (0.30, 0.30, 15.0),
-    "asia": (0.28, 0.12, 90.0),
-    "europe": (0.45, 0.35, 45.0),
-    "data": (1.20, 8.0),
-    "cash": (0.80, 1.80, 25.0, 1.00, 20.0),
-    "post": (0.40, 0.60, 10.0),
-}
-# Volume has a stronger U-shape than volatility.
-_VOLUME_SHAPE = {
-    "other": 0.06,
-    "reopen": (0.06, 0.12, 15.0),
-    "asia": (0.05, 0.04, 90.0),
-    "europe": (0.15, 0.15, 45.0),
-    "data": (0.50, 10.0),
-    "cash": (0.90, 2.50, 20.0, 2.00, 15.0),
-    "post": (0.12, 0.50, 8.0),
-}
-
-
-def _intraday_shape(m: np.ndarray, shape: dict) -> np.ndarray:
-    """Relative intensity by minute of the UTC day (bar midpoint) for one of the shapes above."""
-    m = np.asarray(m, dtype=np.float64)
-    out = np.full(m.shape, shape["other"])
-    base, bump, decay = shape["reopen"]
-    reopen = m >= 1320
-    out[reopen] = base + bump * np.exp(-(m[reopen] - 1320) / decay)
-    base, bump, decay = shape["asia"]
-    asia = m < 420
-    out[asia] = base + bump * np.exp(-np.abs(m[asia] - 60) / decay)
-    base, bump, decay = shape["europe"]
-    europe = (m >= 420) & (m < 810)
-    out[europe] = base + bump * np.exp(-(m[europe] - 420) / decay)
-    bump, decay = shape["data"]
-    data = (m >= 750) & (m < 810)
-    out[data] += bump * np.exp(-(m[data] - 750) / decay)
-    base, bump, decay, close_bump, close_decay = shape["cash"]
-    cash = (m >= 810) & (m < 1200)
-    out[cash] = (
-        base
-        + bump * np.exp(-(m[cash] - 810) / decay)
-        + close_bump * np.exp(-(1200 - m[cash]) / close_decay)
-    )
-    base, bump, decay = shape["post"]
-    post = (m >= 1200) & (m < 1260)
-    out[post] = base + bump * np.exp(-(m[post] - 1200) / decay)
-    return out
-
-
-def _vol_shape(m: np.ndarray) -> np.ndarray:
-    """Relative volatility by minute of the UTC day (bar midpoint)."""
-    return _intraday_shape(m, _VOL_SHAPE)
-
-
-def _volume_shape(m: np.ndarray) -> np.ndarray:
-    """Relative volume by minute of the UTC day (bar midpoint)."""
-    return _intraday_shape(m, _VOLUME_SHAPE)
-
-
-def _symbol(year: int, month: int) -> str:
-    return f"ES{_MONTH_CODES[month]}{year % 10}"
-
-
-def _expiry(year: int, month: int) -> np.datetime64:
-    """Third Friday of the contract month."""
-    first = np.datetime64(f"{year:04d}-{month:02d}-01", "D")
-    return np.busday_offset(first, 2, roll="forward", weekmask="Fri")
-
-
-def _garch(z: np.ndarray, jump_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GARCH(1,1) with unit unconditional variance on standardised shocks.
-
-    ``z`` are unit-variance innovations; ``jump_units`` are jumps in units of the bar's base
-    volatility, which feed into the next conditional variance (volatility after a jump).
-    Returns ``(h, e)``: conditional variances and diffusive shocks ``sqrt(h) * z``.
-    """
-    a, b = _GARCH_ALPHA, _GARCH_BETA
-    w = 1.0 - a - b
-    n = z.shape[0]
-    h = np.empty(n)
-    zl = z.tolist()
-    jl = jump_units.tolist()
-    ht = 1.0
-    for t in range(n):
-        h[t] = ht
-        et = math.sqrt(ht) * zl[t] + jl[t]
-        ht = w + a * min(et * et, 30.0) + b * ht
-    return h, np.sqrt(h) * z
-
-
-def _contracts(start: np.datetime64, days: int) -> list[tuple[str, np.datetime64, int, int]]:
-    """Contracts present in the window: ``(symbol, expiry, roll_index, prev_roll_index)``.
-
-    Roll indices count business days from ``start`` (they may lie outside ``[0, days)``).
-    """
-    year = int(str(start)[:4]) - 1
-    quarters = []
-    for y in range(year, year + days // 250 + 4):
-        for mth in (3, 6, 9, 12):
-            exp = _expiry(y, mth)
-            roll = exp - np.timedelta64(_ROLL_BEFORE_EXPIRY_DAYS, "D")
-            roll_idx = int(np.busday_count(start, roll))
-            quarters.append((_symbol(y, mth), exp, roll_idx))
-    out = []
-    for k in range(1, len(quarters)):
-        sym, exp, roll_idx = quarters[k]
-        prev_roll = quarters[k - 1][2]
-        first = prev_roll - _OVERLAP_BEFORE
-        last = roll_idx + _OVERLAP_AFTER
-        if last >= 0 and first <= days - 1:
-            out.append((sym, exp, roll_idx, prev_roll))
-    return out
-
-
-def _outgoing_share(rel_day: np.ndarray) -> np.ndarray:
-    """Volume share of the expiring contract ``rel_day`` business days from the roll date."""
-    return 1.0 / (1.0 + np.exp(1.3 * (rel_day + 0.5)))
-
-
-def es_sample_table(
-    *, days: int = 80, bar_minutes: int = 5, seed: int = 0, start: str = _DEFAULT_START
-) -> pa.Table:
-    """Build the synthetic ES bar table in memory (see the module docstring)."""
-    if int(days) < 1:
-        raise ValueError(f"days must be >= 1, got {days}")
-    if int(bar_minutes) < 1 or _SESSION_MINUTES % int(bar_minutes) != 0:
-        raise ValueError(f"bar_minutes must divide the 1380-minute session, got {bar_minutes}")
-    days, bar_minutes = int(days), int(bar_minutes)
-    rng = np.random.default_rng(seed)
-
-    start_day = np.busday_offset(np.datetime64(start, "D"), 0, roll="forward")
-    trade_dates = np.busday_offset(start_day, np.arange(days), roll="forward")
-    bpd = _SESSION_MINUTES // bar_minutes
-    n = days * bpd
-
-    # --- timestamps -------------------------------------------------------------------------
-    day_ns = trade_dates.astype("datetime64[ns]").astype(np.int64)
-    offs_min = _SESSION_OPEN_OFFSET_MIN + bar_minutes * np.arange(bpd)
-    ts = (day_ns[:, None] + offs_min[None, :] * _NS_PER_MIN).ravel()
-    day_idx = np.repeat(np.arange(days), bpd)
-    mid_min = ((offs_min + bar_minutes / 2.0) % 1440.0)[None, :].repeat(days, axis=0).ravel()
-
-    # --- volatility -------------------------------------------------------------------------
-    season = _vol_shape(mid_min[:bpd])
-    sigma_bar = _DAILY_VOL * season / math.sqrt(float(np.sum(season**2)))
-    sigma_bar = np.tile(sigma_bar, days)
-
-    # Daily log-volatility AR(1): multi-day clustering, E[factor^2] ~ 1.
-    phi, eta = 0.85, 0.15
-    log_lam = np.empty(days)
-    x = rng.normal(0.0, eta / math.sqrt(1 - phi**2))
-    shocks = rng.normal(0.0, eta, size=days)
-    for d in range(days):
-        log_lam[d] = x
-        x = phi * x + shocks[d]
-    lam = np.exp(log_lam - (eta**2 / (1 - phi**2)))  # E[exp(2X)] = exp(2 var) -> mean square 1
-    lam_bar = lam[day_idx]
-
-    z = rng.standard_t(_T_DOF, size=n) * math.sqrt((_T_DOF - 2.0) / _T_DOF)
-
-    # Jumps: rare, more likely when the market is busy, and often at the 12:30 UTC data bar.
-    vshape = _volume_shape(mid_min[:bpd])
-    p_jump = np.tile(0.0004 * vshape / vshape.mean(), days)
-    data_bar = np.tile((mid_min[:bpd] >= 750) & (mid_min[:bpd] < 750 + bar_minutes), days)
-    p_jump = np.where(data_bar, 0.25, p_jump)
-    jump_hit = rng.random(n) < p_jump
-    jump_size = rng.normal(0.0, 0.0025, size=n) * jump_hit
-    base_sd = sigma_bar * lam_bar
-    h, e = _garch(z, jump_size / base_sd)
-    diff_sd = base_sd * np.sqrt(h)
-    r = base_sd * e + jump_size  # 1-bar log return, open -> close
-
-    # Gaps over the maintenance break (bigger over weekends).
-    gap = np.zeros(n)
-    first_bar = np.arange(days) * bpd
-    weekday = ((trade_dates.astype(np.int64) + 3) % 7).astype(np.int64)  # Monday = 0
-    gap_sd = np.where(weekday == 0, 0.004, 0.0012) * lam
-    gap[first_bar] = rng.normal(0.0, 1.0, size=days) * gap_sd
-    gap[0] = 0.0
-
-    log_s0 = math.log(5000.0)
-    log_close = log_s0 + np.cumsum(gap + r)
-    log_open = log_close - r
-
-    # High/low from a Brownian bridge from 0 to r inside each bar.
-    steps = (
-        rng.normal(0.0, 1.0, size=(n, _BRIDGE_STEPS))
-        * (diff_sd / math.sqrt(_BRIDGE_STEPS))[:, None]
-    )
-    w = np.cumsum(steps, axis=1)
-    frac = np.arange(1, _BRIDGE_STEPS + 1) / _BRIDGE_STEPS
-    bridge = w - frac[None, :] * (w[:, -1:] - r[:, None])
-    log_high = log_open + np.maximum(bridge.max(axis=1), 0.0)
-    log_low = log_open + np.minimum(bridge.min(axis=1), 0.0)
-
-    # Carry (r - q) per year, wandering slowly; sets the calendar spread.
-    carry = np.clip(0.03 + np.cumsum(rng.normal(0.0, 6e-5, size=n)), 0.005, 0.06)
-
-    # --- volume -----------------------------------------------------------------------------
-    vshape_bar = np.tile(vshape, days)
-    vol_scale = _DAILY_VOLUME / float(np.sum(vshape))
-    total_volume = (
-        vol_scale
-        * vshape_bar
-        * lam_bar**0.8
-        * np.sqrt(h) ** 0.6
-        * (1.0 + 2.0 * np.abs(jump_size) / 0.0025)
-        * np.exp(rng.normal(-0.045, 0.3, size=n))
-    )
-
-    # --- contracts --------------------------------------------------------------------------
-    pieces: list[dict[str, np.ndarray]] = []
-    for sym, expiry, roll_idx, prev_roll in _contracts(start_day, days):
-        d0 = max(prev_roll - _OVERLAP_BEFORE, 0)
-        d1 = min(roll_idx + _OVERLAP_AFTER, days - 1)
-        sl = slice(d0 * bpd, (d1 + 1) * bpd)
-        dd = day_idx[sl]
-        share = np.ones(dd.shape[0])
-        outgoing = dd >= roll_idx - _OVERLAP_BEFORE
-        share[outgoing] = _outgoing_share(dd[outgoing] - roll_idx)
-        incoming = dd <= prev_roll + _OVERLAP_AFTER
-        share[incoming] = 1.0 - _outgoing_share(dd[incoming] - prev_roll)
-
-        expiry_ns = int(expiry.astype("datetime64[ns]").astype(np.int64)) + 810 * _NS_PER_MIN
-        tau = (expiry_ns - ts[sl]) / _YEAR_NS
-        adj = carry[sl] * tau
-        o = _to_tick(np.exp(log_open[sl] + adj))
-        c = _to_tick(np.exp(log_close[sl] + adj))
-        hi = np.maximum(_to_tick(np.exp(log_high[sl] + adj)), np.maximum(o, c))
-        lo = np.minimum(_to_tick(np.exp(log_low[sl] + adj)), np.minimum(o, c))
-        noise = np.exp(rng.normal(-0.02, 0.2, size=dd.shape[0]))
-        vol = np.maximum(np.rint(total_volume[sl] * share * noise), 1.0).astype(np.int64)
-        pieces.append(
-            {
-                "timestamp": ts[sl],
-                "symbol": np.full(dd.shape[0], sym, dtype=object),
-                "open": o,
-                "high": hi,
-                "low": lo,
-                "close": c,
-                "volume": vol,
-            }
-        )
-
-    pieces.sort(key=lambda p: str(p["symbol"][0]))
-    cols = {k: np.concatenate([p[k] for p in pieces]) for k in SCHEMA.names}
-    arrays = [
-        pa.array(cols["timestamp"], type=pa.int64()).cast(SCHEMA.field("timestamp").type),
-        pa.array(cols["symbol"].tolist(), type=pa.string()),
-        *(pa.array(cols[k], type=pa.float64()) for k in ("open", "high", "low", "close")),
-        pa.array(cols["volume"], type=pa.int64()),
-    ]
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
-
-
-def _to_tick(price: np.ndarray) -> np.ndarray:
-    return np.rint(price / ES_TICK) * ES_TICK
-
-
-def make_es_sample(
-    path: str | pathlib.Path,
-    *,
-    days: int = 80,
-    bar_minutes: int = 5,
-    seed: int = 0,
-    start: str = _DEFAULT_START,
-) -> pathlib.Path:
-    """Write synthetic E-mini S&P 500 futures bars to a Parquet file and return its path.
-
-    Columns: ``timestamp`` (``timestamp[ns, tz=UTC]``, bar start), ``symbol`` (contract, e.g.
-    ``"ESH6"``), ``open``/``high``/``low``/``close`` (float64 on the 0.25 tick grid) and
-    ``volume`` (int64 > 0). ``days`` business days of ``bar_minutes`` bars (which must divide
-    the 23-hour session) starting at ``start`` (rolled forward to a business day); the same
-    arguments always give the same data. Parent directories are created, and the file appears
-    whole or not at all (a generation killed midway leaves no half file to be read).
-    """
-    table = es_sample_table(days=days, bar_minutes=bar_minutes, seed=seed, start=start)
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, lambda f: pq.write_table(table, f, compression="zstd"))
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# A daily stock panel
-# --------------------------------------------------------------------------------------------
-
 PANEL_SCHEMA = pa.schema([*SCHEMA, pa.field("sector", pa.int64())])
 """Column names and types of the stock panel, in order: the futures sample's, then ``sector``."""
 
@@ -406,7 +54,7 @@ PANEL_END = "2025-12-31"
 PANEL_SECTORS = 11
 """Default number of sector codes in the stock panel."""
 
-_PANEL_BAR_MIN = 21 * 60  # daily bars stamped 21:00 UTC, after the 20:00 UTC US close
+_PANEL_BAR_NS = 21 * 60 * 60_000_000_000  # daily bars stamped 21:00 UTC, after the 20:00 close
 _LATE_SHARE = 0.25  # of the stocks: listed after the first day, ...
 _DELISTED_SHARE = 0.06  # ... delisted before the last day, ...
 _HALTED_SHARE = 0.06  # ... halted for a run of days (three groups that do not overlap)
@@ -426,6 +74,121 @@ def _tickers(rng: np.random.Generator, n: int) -> np.ndarray:
         for row, k in zip(letters.tolist(), lengths.tolist(), strict=True):
             found.setdefault("".join(map(chr, row[:k])))
     return np.array(list(found)[:n])
+
+
+@dataclass(frozen=True)
+class _Stocks:
+    """What stays fixed per stock: [n] each."""
+
+    tickers: np.ndarray
+    sector: np.ndarray  # its code, 0 .. min(sectors, n) - 1
+    beta: np.ndarray  # to the market factor
+    loading: np.ndarray  # on its sector's factor
+    idio_vol: np.ndarray  # daily
+    drift: np.ndarray  # daily
+    log_p0: np.ndarray  # the log price on its listing day
+    base_volume: np.ndarray
+
+
+def _stocks(rng: np.random.Generator, n: int, sectors: int) -> _Stocks:
+    tickers = _tickers(rng, n)
+    return _Stocks(
+        tickers=tickers,
+        sector=rng.permutation(np.arange(n) % min(sectors, n)),
+        beta=np.clip(rng.normal(1.0, 0.3, size=n), 0.3, 2.0),
+        loading=rng.uniform(0.5, 1.5, size=n),
+        idio_vol=np.exp(rng.uniform(*np.log(_IDIO_VOL), size=n)),
+        drift=rng.normal(0.0002, 0.0003, size=n),
+        log_p0=rng.uniform(math.log(15.0), math.log(400.0), size=n),
+        base_volume=np.exp(rng.uniform(math.log(2e5), math.log(2e7), size=n)),
+    )
+
+
+def _lifetimes(rng: np.random.Generator, n: int, days: int) -> tuple[np.ndarray, np.ndarray]:
+    """([n] each stock's listing day, [n, days] whether it trades that day): business days
+    [first, stop), less one halt."""
+    first = np.zeros(n, dtype=np.int64)
+    stop = np.full(n, days, dtype=np.int64)
+    roles = rng.permutation(n)
+    n_late, n_delisted, n_halted = (
+        round(share * n) for share in (_LATE_SHARE, _DELISTED_SHARE, _HALTED_SHARE)
+    )
+    late = roles[:n_late]
+    delisted = roles[n_late : n_late + n_delisted]
+    halted = roles[n_late + n_delisted : n_late + n_delisted + n_halted]
+    first[late] = rng.integers(days // 20 + 1, days * 3 // 5 + 1, size=late.size)
+    stop[delisted] = rng.integers(days * 2 // 5, days * 9 // 10, size=delisted.size)
+    halt_days = np.minimum(rng.integers(1, 31, size=halted.size), days // 10)
+    halt_start = rng.integers(days // 5, days * 4 // 5 - halt_days)
+    t = np.arange(days)
+    present = (t >= first[:, None]) & (t < stop[:, None])
+    for i, h0, length in zip(halted, halt_start, halt_days, strict=True):
+        present[i, h0 : h0 + length] = False
+    return first, present
+
+
+def _bars(
+    rng: np.random.Generator, s: _Stocks, first: np.ndarray, days: int, sectors: int
+) -> dict[str, np.ndarray]:
+    """[n, days] every stock's log open, high, low, close and its volume, on every day (also
+    those it does not trade): the factor model of `stock_panel_table`'s docstring."""
+    n = len(s.tickers)
+    lam = volatility_factor(rng, days, 0.97, 0.06)  # persistent daily log-volatility
+    t4 = math.sqrt(2.0)  # Student-t(4) has variance 2
+    market = lam * _MARKET_VOL * rng.standard_t(4.0, size=days) / t4
+    sector_factor = lam * _SECTOR_VOL * rng.normal(0.0, 1.0, size=(min(sectors, n), days))
+    idio = s.idio_vol[:, None] * rng.standard_t(4.0, size=(n, days)) / t4
+    r = (
+        s.drift[:, None]
+        + s.beta[:, None] * market
+        + s.loading[:, None] * sector_factor[s.sector]
+        + idio
+    )
+    own_sd = np.sqrt((s.beta * _MARKET_VOL) ** 2 + (s.loading * _SECTOR_VOL) ** 2 + s.idio_vol**2)
+    sd = lam * own_sd[:, None]
+    gap = 0.3 * r + 0.2 * sd * rng.normal(0.0, 1.0, size=(n, days))  # previous close -> open
+    log_close = np.cumsum(r, axis=1)
+    log_close += (s.log_p0 - log_close[np.arange(n), first])[:, None]  # p0 on the listing day
+    log_open = log_close - (r - gap)
+    reach = 0.4 * sd * np.abs(rng.normal(0.0, 1.0, size=(2, n, days)))
+    surprise = np.abs(r - s.drift[:, None]) / sd
+    volume = (
+        s.base_volume[:, None]
+        * lam**0.8
+        * (1.0 + 1.5 * surprise)
+        * np.exp(rng.normal(-0.06, 0.35, size=(n, days)))
+    )
+    return {
+        "open": log_open,
+        "high": np.maximum(log_open, log_close) + reach[0],
+        "low": np.minimum(log_open, log_close) - reach[1],
+        "close": log_close,
+        "volume": volume,
+    }
+
+
+def _panel_rows(
+    day_ns: np.ndarray, s: _Stocks, present: np.ndarray, bars: dict[str, np.ndarray]
+) -> pa.Table:
+    """The rows of the days each stock trades, by ticker, then time."""
+    order = np.argsort(s.tickers, kind="stable")
+    keep = present[order]
+    rows, days_of_row = np.nonzero(keep)
+
+    def take(a: np.ndarray) -> np.ndarray:
+        return a[order][keep]
+
+    o, c = _to_cent(np.exp(take(bars["open"]))), _to_cent(np.exp(take(bars["close"])))
+    hi = np.maximum(_to_cent(np.exp(take(bars["high"]))), np.maximum(o, c))
+    lo = np.minimum(_to_cent(np.exp(take(bars["low"]))), np.minimum(o, c))
+    arrays = [
+        pa.array(day_ns[days_of_row], type=pa.int64()).cast(PANEL_SCHEMA.field("timestamp").type),
+        pa.array(s.tickers[order].tolist(), type=pa.string()).take(pa.array(rows)),
+        *(pa.array(p, type=pa.float64()) for p in (o, hi, lo, c)),
+        pa.array(np.maximum(np.rint(take(bars["volume"])), 1.0).astype(np.int64), type=pa.int64()),
+        pa.array(s.sector[order][rows], type=pa.int64()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=PANEL_SCHEMA)
 
 
 def stock_panel_table(
@@ -467,92 +230,12 @@ def stock_panel_table(
     if sectors < 1:
         raise ValueError(f"sectors must be >= 1, got {sectors}")
     rng = np.random.default_rng(seed)
-
     last_day = np.busday_offset(np.datetime64(end, "D"), 0, roll="backward")
     dates = np.busday_offset(last_day, np.arange(1 - days, 1), roll="backward")
-    day_ns = dates.astype("datetime64[ns]").astype(np.int64) + _PANEL_BAR_MIN * _NS_PER_MIN
-
-    # --- stocks -----------------------------------------------------------------------------
-    tickers = _tickers(rng, n)
-    sector = rng.permutation(np.arange(n) % min(sectors, n))
-    beta = np.clip(rng.normal(1.0, 0.3, size=n), 0.3, 2.0)
-    loading = rng.uniform(0.5, 1.5, size=n)
-    idio_vol = np.exp(rng.uniform(*np.log(_IDIO_VOL), size=n))
-    drift = rng.normal(0.0002, 0.0003, size=n)
-    log_p0 = rng.uniform(math.log(15.0), math.log(400.0), size=n)
-    base_volume = np.exp(rng.uniform(math.log(2e5), math.log(2e7), size=n))
-
-    # --- lifetimes: business days [first, stop), less one halt -------------------------------
-    first = np.zeros(n, dtype=np.int64)
-    stop = np.full(n, days, dtype=np.int64)
-    roles = rng.permutation(n)
-    n_late, n_delisted, n_halted = (
-        round(share * n) for share in (_LATE_SHARE, _DELISTED_SHARE, _HALTED_SHARE)
-    )
-    late = roles[:n_late]
-    delisted = roles[n_late : n_late + n_delisted]
-    halted = roles[n_late + n_delisted : n_late + n_delisted + n_halted]
-    first[late] = rng.integers(days // 20 + 1, days * 3 // 5 + 1, size=late.size)
-    stop[delisted] = rng.integers(days * 2 // 5, days * 9 // 10, size=delisted.size)
-    halt_days = np.minimum(rng.integers(1, 31, size=halted.size), days // 10)
-    halt_start = rng.integers(days // 5, days * 4 // 5 - halt_days)
-    t = np.arange(days)
-    present = (t >= first[:, None]) & (t < stop[:, None])
-    for i, h0, length in zip(halted, halt_start, halt_days, strict=True):
-        present[i, h0 : h0 + length] = False
-
-    # --- returns ----------------------------------------------------------------------------
-    phi, eta = 0.97, 0.06  # persistent daily log-volatility, E[lam^2] ~ 1
-    log_lam = np.empty(days)
-    x = rng.normal(0.0, eta / math.sqrt(1 - phi**2))
-    shocks = rng.normal(0.0, eta, size=days)
-    for d in range(days):
-        log_lam[d] = x
-        x = phi * x + shocks[d]
-    lam = np.exp(log_lam - eta**2 / (1 - phi**2))
-    t4 = math.sqrt(2.0)  # Student-t(4) has variance 2
-    market = lam * _MARKET_VOL * rng.standard_t(4.0, size=days) / t4
-    sector_factor = lam * _SECTOR_VOL * rng.normal(0.0, 1.0, size=(min(sectors, n), days))
-    idio = idio_vol[:, None] * rng.standard_t(4.0, size=(n, days)) / t4
-    r = drift[:, None] + beta[:, None] * market + loading[:, None] * sector_factor[sector] + idio
-    sd = (
-        lam
-        * np.sqrt((beta * _MARKET_VOL) ** 2 + (loading * _SECTOR_VOL) ** 2 + idio_vol**2)[:, None]
-    )
-    gap = 0.3 * r + 0.2 * sd * rng.normal(0.0, 1.0, size=(n, days))  # previous close -> open
-    log_close = np.cumsum(r, axis=1)
-    log_close += (log_p0 - log_close[np.arange(n), first])[:, None]  # p0 on the listing day
-    log_open = log_close - (r - gap)
-    reach = 0.4 * sd * np.abs(rng.normal(0.0, 1.0, size=(2, n, days)))
-    log_high = np.maximum(log_open, log_close) + reach[0]
-    log_low = np.minimum(log_open, log_close) - reach[1]
-    surprise = np.abs(r - drift[:, None]) / sd
-    volume = (
-        base_volume[:, None]
-        * lam**0.8
-        * (1.0 + 1.5 * surprise)
-        * np.exp(rng.normal(-0.06, 0.35, size=(n, days)))
-    )
-
-    # --- rows: by ticker, then time ---------------------------------------------------------
-    order = np.argsort(tickers, kind="stable")
-    keep = present[order]
-    rows, days_of_row = np.nonzero(keep)
-
-    def take(a: np.ndarray) -> np.ndarray:
-        return a[order][keep]
-
-    o, c = _to_cent(np.exp(take(log_open))), _to_cent(np.exp(take(log_close)))
-    hi = np.maximum(_to_cent(np.exp(take(log_high))), np.maximum(o, c))
-    lo = np.minimum(_to_cent(np.exp(take(log_low))), np.minimum(o, c))
-    arrays = [
-        pa.array(day_ns[days_of_row], type=pa.int64()).cast(PANEL_SCHEMA.field("timestamp").type),
-        pa.array(tickers[order].tolist(), type=pa.string()).take(pa.array(rows)),
-        *(pa.array(p, type=pa.float64()) for p in (o, hi, lo, c)),
-        pa.array(np.maximum(np.rint(take(volume)), 1.0).astype(np.int64), type=pa.int64()),
-        pa.array(sector[order][rows], type=pa.int64()),
-    ]
-    return pa.Table.from_arrays(arrays, schema=PANEL_SCHEMA)
+    day_ns = dates.astype("datetime64[ns]").astype(np.int64) + _PANEL_BAR_NS
+    stocks = _stocks(rng, n, sectors)
+    first, present = _lifetimes(rng, n, days)
+    return _panel_rows(day_ns, stocks, present, _bars(rng, stocks, first, days, sectors))
 
 
 def _to_cent(price: np.ndarray) -> np.ndarray:

@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from foxhunt_serve import calibration as serving
+from foxhunt_serve.calibration import POOLED, in_order
 
 from foxhunt.evaluation import stats
 from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, window_facts
 
-POOLED = "*"  # the key of the offsets fitted on every instrument's windows
 GRID = 101  # levels at which a fit keeps the scores' quantile function, for ACI
 METHODS = ("none", "cqr", "aci")
 
@@ -57,22 +58,6 @@ def pairs_of(quantiles: list[float]) -> list[tuple[int, int]]:
         if j is not None:
             found.append((i, j))
     return found
-
-
-def median_index(quantiles: list[float]) -> int | None:
-    return next((i for i, q in enumerate(quantiles) if abs(float(q) - 0.5) < 1e-6), None)
-
-
-def monotone(pred: np.ndarray, quantiles: list[float]) -> np.ndarray:
-    """pred [..., Q] with no crossing: the lower levels capped at the median, the upper ones
-    floored at it (so the median stays), then sorted along the last axis."""
-    m = median_index(quantiles)
-    out = np.array(pred, dtype=np.float64)
-    if m is not None:
-        med = out[..., m : m + 1]
-        out[..., :m] = np.minimum(out[..., :m], med)
-        out[..., m + 1 :] = np.maximum(out[..., m + 1 :], med)
-    return np.sort(out, axis=-1)
 
 
 def crossing_rate(pred: np.ndarray) -> float:
@@ -112,8 +97,6 @@ class Calibration:
     def key(self, name: Any) -> str:
         return str(name) if str(name) in self.offsets and name is not None else POOLED
 
-    # --- applying ----------------------------------------------------------------------------
-
     def apply(
         self,
         pred: np.ndarray,
@@ -125,69 +108,12 @@ class Calibration:
     ) -> np.ndarray:
         """pred [n, H, Q] (normalized) calibrated by `method` (default the fit's): none (only
         put in order), cqr (the static offsets) or aci (adapted to each realized outcome in
-        `actual` [n, H], NaN where unknown, by `origin_ns` [n] and `target_ns` [n, H])."""
-        method = method or self.method
-        if method == "none" or not self.offsets:
-            return monotone(pred, self.quantiles)
-        if method == "cqr" or actual is None:
-            off = np.stack([self.offsets[self.key(n)] for n in instrument]) if len(pred) else 0
-            return self._widen(pred, off)
-        if method != "aci":
-            raise ValueError(f"calibration method {method!r} is none, cqr or aci")
-        return self._adaptive(pred, actual, instrument, origin_ns, target_ns)
-
-    def _widen(self, pred: np.ndarray, off: np.ndarray) -> np.ndarray:
-        out = np.array(pred, dtype=np.float64)
-        lo, hi = [i for i, _ in self.pairs], [j for _, j in self.pairs]
-        out[..., lo] -= off
-        out[..., hi] += off
-        return monotone(out, self.quantiles)
-
-    def _adaptive(
-        self,
-        pred: np.ndarray,
-        actual: np.ndarray,
-        instrument: np.ndarray,
-        origin_ns: np.ndarray,
-        target_ns: np.ndarray,
-    ) -> np.ndarray:
-        n, h, _ = pred.shape
-        off = np.zeros((n, h, len(self.pairs)))
-        names = np.asarray([str(x) for x in instrument], dtype=object)
-        for name in dict.fromkeys(names):
-            rows = np.flatnonzero(names == name)
-            rows = rows[np.argsort(origin_ns[rows], kind="stable")]
-            key = self.key(name)
-            off[rows] = self._walk(pred[rows], actual[rows], origin_ns[rows], target_ns[rows], key)
-        return self._widen(pred, off)
-
-    def _walk(
-        self, pred: np.ndarray, y: np.ndarray, origin: np.ndarray, target: np.ndarray, key: str
-    ) -> np.ndarray:
-        """[n, H, P] ACI's offsets along one instrument's windows (in time order)."""
-        n, h = y.shape
-        alpha = self.alphas  # [P]
-        grid, windows = self.grids[key], max(self.windows[key], 1)
-        lo = pred[..., [i for i, _ in self.pairs]]
-        hi = pred[..., [j for _, j in self.pairs]]
-        # outcomes known at each origin: those whose target time is at or before it
-        known = np.stack(
-            [np.searchsorted(target[:, k], origin, side="right") for k in range(h)], axis=1
-        )  # [n, H]
-        known = np.minimum(known, np.arange(n)[:, None])  # only windows already forecast
-        steps, pairs = np.arange(h)[:, None], np.arange(len(self.pairs))[None, :]
-        gained = np.zeros((n + 1, h, len(self.pairs)))  # prefix sums of alpha - err
-        off = np.empty((n, h, len(self.pairs)))
-        realized = np.isfinite(y)
-        for t in range(n):
-            level = 1 - (alpha + self.gamma * gained[known[t], np.arange(h)])
-            x = np.clip(level * (windows + 1) / windows, 0, 1) * (GRID - 1)
-            i = np.minimum(x.astype(np.int64), GRID - 2)
-            frac = x - i
-            off[t] = grid[i, steps, pairs] * (1 - frac) + grid[i + 1, steps, pairs] * frac
-            err = (y[t, :, None] < lo[t] - off[t]) | (y[t, :, None] > hi[t] + off[t])
-            gained[t + 1] = gained[t] + np.where(realized[t, :, None], alpha - err, 0)
-        return off
+        `actual` [n, H], NaN where unknown, by `origin_ns` [n] and `target_ns` [n, H]); the
+        serving core's `apply`, which predict and the ONNX consumer share."""
+        cal = {**vars(self), "grid_levels": GRID}
+        return serving.apply(
+            pred, cal, self.quantiles, instrument, actual, origin_ns, target_ns, method
+        )
 
     # --- storing -----------------------------------------------------------------------------
 
@@ -245,7 +171,7 @@ def fit(
     cal = Calibration(method, [float(q) for q in quantiles], pairs, {}, {}, {}, gamma)
     if not pairs or len(pred) == 0:
         return cal
-    e = scores(monotone(pred, quantiles), y, pairs)
+    e = scores(in_order(pred, quantiles), y, pairs)
     names = np.asarray([str(x) for x in instrument], dtype=object)
     groups = {POOLED: np.arange(len(e))}
     if per_instrument:
@@ -314,7 +240,7 @@ def compare(
     """`figures` of the model's own forecasts (`before`: put in order, uncalibrated) and of
     each method's (`methods`), and for each method whether it brought the outer interval's
     coverage nearer its nominal level without a worse pinball loss (`verdict`)."""
-    before = figures(monotone(raw, quantiles), y, quantiles, instrument)
+    before = figures(in_order(raw, quantiles), y, quantiles, instrument)
     out: dict[str, Any] = {"before": before, "methods": {}}
     for name, pred in calibrated.items():
         after = figures(pred, y, quantiles, instrument)
@@ -365,7 +291,7 @@ def calibrate_run(
         if cal.offsets
     }
     found = compare(test_pred, every, test.actual, quantiles, test.instrument)
-    pred = every.get(cal.method, monotone(test_pred, quantiles))
+    pred = every.get(cal.method, in_order(test_pred, quantiles))
     chosen = found["methods"].get(cal.method)
     summary = {
         "method": cal.method if cal.offsets else "none",

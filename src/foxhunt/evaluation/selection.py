@@ -15,6 +15,9 @@ trials and the probability of backtest overfitting. Pure functions over per-peri
   the share of those splits where it ranks at or below the median out of sample: near 0 when
   the in-sample winner keeps winning, 0.5 when selection picks noise, above when it picks what
   reverses.
+
+`selection_stats` assembles both for a study: the trials' returns on the bars every one of them
+traded, the winner's DSR and the selection's PBO.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 
 import numpy as np
 from scipy import stats as scipy_stats
+
+from foxhunt.evaluation.strategy import bars_per_year
 
 EULER_GAMMA = 0.5772156649015329
 
@@ -119,3 +124,38 @@ def _sharpe_of(count: float, total: np.ndarray, squares: np.ndarray) -> np.ndarr
     var = (squares - count * mean**2) / max(count - 1, 1)
     sd = np.sqrt(np.clip(var, 0, None))
     return np.divide(mean, sd, out=np.zeros_like(mean), where=sd > 0)
+
+
+def selection_stats(returns: dict[int, dict[str, list]], winner: int) -> dict[str, Any]:
+    """DSR of trial `winner` and PBO of the selection, from each completed trial's portfolio
+    returns ({trial: {time_ns, net}}, its validation periods') on the bars every one traded."""
+    returns = {n: r for n, r in returns.items() if r.get("net")}
+    if winner not in returns or len(returns) < 2:
+        return {"skipped": "fewer than two completed trials with strategy returns"}
+    common = set.intersection(*(set(r["time_ns"]) for r in returns.values()))
+    times = np.array(sorted(common), dtype=np.int64)
+    numbers = list(returns)
+    matrix = np.empty((len(times), len(numbers)))
+    for j, n in enumerate(numbers):
+        by_time = dict(zip(returns[n]["time_ns"], returns[n]["net"], strict=True))
+        matrix[:, j] = [by_time[t] for t in times]
+    per_period = sharpe(matrix, axis=0)
+    per_year = bars_per_year(times) or 1.0
+    annual = per_period * math.sqrt(per_year)
+    best = numbers.index(winner)
+    return {
+        "trials": len(numbers),
+        "periods": len(times),
+        "winner_sharpe": float(annual[best]),  # annualized, on the validation periods
+        "naive_best_sharpe": float(annual.max()),  # the best of the trials, by luck or not
+        "naive_best_trial": numbers[int(np.argmax(annual))],
+        "dsr": deflated_sharpe(matrix[:, best], per_period),
+        "pbo": pbo(matrix),
+        "about": {
+            "dsr": "the probability that the winner's Sharpe ratio beats the best that as "
+            "many trials of no skill would reach by luck (significant above 0.95)",
+            "pbo": "the share of ways to split the validation periods in half in which the "
+            "trial best on one half ranks in the lower half on the other (0.5: selection "
+            "picks noise; near 0: the winner keeps winning)",
+        },
+    }

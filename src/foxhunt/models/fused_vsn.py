@@ -19,12 +19,13 @@ Per variable j (rows m): h1 = x A_j + C_j; a = ELU(h1); f = dropout(a W2_j + b2_
 g = f Wg_j + bg_j; z = GLU(g) + r_j; y = LayerNorm_j(z); out_m = sum_j s_mj y_mj.
 
 Two implementations of the same computation: in float32 on a CPU the elementwise chains run in
-C (`cpu_kernels`: each chain one pass instead of about ten, its dropout mask drawn from a seed
-in forward and again in backward, not kept), and with a small variable_dim forward and
-backward do their matmuls row by row there too, keeping only f (`row_matmuls`); elsewhere
-(CUDA, float64, torch.export, torch.compile, a hidden size that is not a multiple of 16, or no
-C compiler at install) the PyTorch ops below. The two agree to float32 rounding
-(tests/models/test_cpu_kernels.py); their dropout masks are drawn differently.
+C (`fused_vsn_kernels` around `cpu_kernels`: each chain one pass instead of about ten, its
+dropout mask drawn from a seed in forward and again in backward, not kept), and with a small
+variable_dim forward and backward do their matmuls row by row there too, keeping only f
+(`row_matmuls`); elsewhere (CUDA, float64, torch.export, torch.compile, a hidden size that is
+not a multiple of 16, or no C compiler at install) the PyTorch ops below. The two agree to
+float32 rounding (tests/models/test_cpu_kernels.py); their dropout masks are drawn differently.
+This module chooses between them and sizes the chunks of both.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import foxhunt.models.cpu_kernels as cpu_kernels
 from foxhunt.models.dropout import keep_mask, keep_scale
+from foxhunt.models.fused_vsn_kernels import KernelSelectedGRNs, Tensors, chunk_of, kernel_forward
+from foxhunt.models.fused_vsn_kernels import row_matmuls as row_matmuls  # (re-exported)
 
 # Elements per intermediate tensor of one chunk. Small enough that a chunk's dozen elementwise
 # passes run mostly in cache: measured on 2 CPU cores, 1M against 8M made a training step 20%
@@ -51,9 +54,6 @@ CHUNK_ELEMENTS = 1024 * 1024
 EXPORT_ROW_ELEMENTS = 1024
 EXPORT_MAX_CHUNKS = 32
 LN_EPS = 1e-5
-# The largest variable_dim for which the kernel path does its matmuls row by row in C: at S
-# (variable_dim 16) MKL's batched matmuls with K = 16 mostly write their output.
-ROW_MATMUL_MAX_DH = 32
 
 
 def _chunks(n: int, rows: int, h: int, x: Tensor) -> list[slice]:
@@ -67,10 +67,6 @@ def _chunks(n: int, rows: int, h: int, x: Tensor) -> list[slice]:
     # Under FakeTensorMode (foxhunt.memory's estimator) each chunk allocates and frees the same
     # temporaries, and the first is the largest: it alone gives the same peak, 225x faster.
     return chunks[:1] if isinstance(x, FakeTensor) else chunks
-
-
-def _rows(c: slice, *tensors: Tensor | None) -> list[Tensor | None]:
-    return [None if t is None else t[c] for t in tensors]
 
 
 def _affine(xhat: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
@@ -151,7 +147,7 @@ def _forward(
             _row(bg[c]), f, Wg[c], alpha=scale, out=None if g_all is None else g_all[c]
         )
         del f
-        z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
+        z = _gated_sum(g, u[c], R1[c], *chunk_of(c, v, R2), R0[c])
         del g
         y = _affine(_normalize(z)[0], gamma[c], beta[c])
         del z
@@ -214,10 +210,9 @@ class _SelectedGRNs(torch.autograd.Function):
             return _SelectedGRNs._backward(ctx, d_out.to(ctx.dtype))
 
     @staticmethod
-    def _backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        (x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all) = (
-            ctx.saved_tensors
-        )
+    def _backward(ctx: Any, d_out: Tensor) -> Tensors:
+        saved = ctx.saved_tensors
+        x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, *_ = saved
         n, rows = x.shape
         h = gamma.shape[-1]
 
@@ -230,292 +225,71 @@ class _SelectedGRNs(torch.autograd.Function):
         d_gamma, d_beta = like(gamma), like(beta)
         d_b2 = x.new_empty(W2.shape[0], W2.shape[-1])
         d_bg = x.new_empty(Wg.shape[0], Wg.shape[-1])
+        # in the order of the forward's tensors
+        grads = (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2,
+                 d_gamma, d_beta)  # fmt: skip
         for c in _chunks(n, rows, h, x):
-            a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
-            if g_all is None:  # recompute mode: f and g again, with the forward's dropout mask
-                f = torch.baddbmm(_row(b2[c]), a, W2[c])
-                if keep_all is not None:
-                    f.mul_(keep_all[c])
-                g = torch.baddbmm(_row(bg[c]), f, Wg[c], alpha=ctx.scale)
-            else:
-                f, g = f_all[c], g_all[c]
-            z = _gated_sum(g, u[c], R1[c], *_rows(c, v, R2), R0[c])
-            xhat, mean, rstd = _normalize(z)
-
-            # the weighted sum and the output LayerNorm; reductions as matmuls where possible
-            e = xhat * d_out
-            sc = s[c]
-            torch.bmm(_row(sc), e, out=_row(d_gamma[c]))
-            torch.mm(sc, d_out, out=d_beta[c])
-            d_s[c] = torch.bmm(e, _col(gamma[c])).squeeze(-1) + (d_out @ beta[c].t()).t()
-            del e
-            d_xhat = (_col(sc) * d_out).mul_(_row(gamma[c]))
-            d_z = _normalize_backward(d_xhat, z, mean, rstd)
-            del d_xhat, xhat, z
-
-            # the skip R0 + u R1 + v R2
-            torch.sum(d_z, 1, out=d_R0[c])
-            torch.bmm(_row(u[c]), d_z, out=_row(d_R1[c]))
-            torch.bmm(d_z, _col(R1[c]), out=_col(d_u[c]))
-            if v is not None:
-                torch.bmm(_row(v[c]), d_z, out=_row(d_R2[c]))
-                torch.bmm(d_z, _col(R2[c]), out=_col(d_v[c]))
-
-            # GLU and its projection
-            d_g = torch.ops.aten.glu_backward(d_z, g, -1)
-            del d_z
-            torch.bmm(f.transpose(1, 2), d_g, out=d_Wg[c]).mul_(ctx.scale)
-            torch.sum(d_g, 1, out=d_bg[c])
-            d_f = torch.bmm(d_g, Wg[c].transpose(1, 2)).mul_(ctx.scale)
-            del d_g
-            if keep_all is not None:
-                d_f.mul_(keep_all[c])
-
-            # fc2, ELU and the folded fc1 (a was recomputed from x above)
-            torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
-            torch.sum(d_f, 1, out=d_b2[c])
-            d_h1 = torch.ops.aten.elu_backward(
-                torch.bmm(d_f, W2[c].transpose(1, 2)), 1.0, 1.0, 1.0, True, a
-            )
-            del a, d_f, f, g, mean, rstd
-            torch.bmm(_row(x[c]), d_h1, out=_row(d_A[c]))
-            torch.sum(d_h1, 1, out=d_C[c])
-            if d_x is not None:
-                d_x[c] = torch.bmm(d_h1, _col(A[c])).squeeze(-1)
-            del d_h1
-
-        return (
-            d_x,
-            d_s,
-            d_A,
-            d_C,
-            d_W2,
-            d_b2,
-            d_Wg,
-            d_bg,
-            d_u,
-            d_v,
-            d_R0,
-            d_R1,
-            d_R2,
-            d_gamma,
-            d_beta,
-            None,
-            None,
-            None,
-        )
+            _backward_chunk(c, saved, grads, d_out, ctx.scale)
+        return (*grads, None, None, None)
 
 
-def _kernel_forward(
-    x: Tensor,
-    s: Tensor,
-    A: Tensor,
-    C: Tensor,
-    W2: Tensor,
-    b2: Tensor,
-    Wg: Tensor,
-    bg: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
-    dropout: float,
-    seed: int,
-    chunks: list[slice],
-    f_all: Tensor | None = None,
-    g_all: Tensor | None = None,
-) -> Tensor:
-    """`_forward` with the elementwise chains in C (`cpu_kernels`), one pass each: ELU; fc2's
-    bias with the dropout mask (drawn from `seed`, not kept); everything after the GLU's matmul,
-    its bias and the dropout scale included. The matmuls run without their biases."""
-    rows, h = x.shape[1], gamma.shape[-1]
-    scale = keep_scale(dropout, x)
-    if row_matmuls(W2.shape[-1]):
-        return cpu_kernels.forward(
-            x,
-            A,
-            C,
-            W2,
-            b2,
-            Wg,
-            bg,
-            seed,
-            dropout,
-            scale,
-            s,
-            u,
-            v,
-            R0,
-            R1,
-            R2,
-            gamma,
-            beta,
-            f_all,
-        )
-    # nothing dropped and f not kept: fc2's bias rides on the gate's,
-    # (a W2 + b2) Wg + bg = (a W2) Wg + (b2 Wg + bg)
-    fold = not dropout and f_all is None
-    out = x.new_zeros(rows, h)
-    for c in chunks:
-        a = cpu_kernels.elu(x[c], A[c], C[c])
-        f = torch.bmm(a, W2[c], out=None if f_all is None else f_all[c])
-        del a
-        if fold:
-            bias = torch.baddbmm(_row(bg[c]), _row(b2[c]), Wg[c]).squeeze(1)
-        else:
-            cpu_kernels.bias_dropout(f, b2[c], c.start, seed, dropout)
-            bias = bg[c]
-        g = torch.bmm(f, Wg[c], out=None if g_all is None else g_all[c])
-        del f
-        gate = cpu_kernels.Gate(
-            g, bias, scale, s[c], u[c], *_rows(c, v), R0[c], R1[c], *_rows(c, R2), gamma[c], beta[c]
-        )
-        cpu_kernels.gate_norm_sum(gate, out)
-        del g
-    return out
+def _backward_chunk(c: slice, saved: Tensors, grads: Tensors, d_out: Tensor, scale: float) -> None:
+    """`_SelectedGRNs`'s backward for the variables `c`: fills in their part of each of `grads`
+    (the gradients of its forward's tensors, in their order) from its saved tensors."""
+    x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all = saved
+    d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2, d_gamma, d_beta = grads
+    a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
+    if g_all is None:  # recompute mode: f and g again, with the forward's dropout mask
+        f = torch.baddbmm(_row(b2[c]), a, W2[c])
+        if keep_all is not None:
+            f.mul_(keep_all[c])
+        g = torch.baddbmm(_row(bg[c]), f, Wg[c], alpha=scale)
+    else:
+        f, g = f_all[c], g_all[c]
+    z = _gated_sum(g, u[c], R1[c], *chunk_of(c, v, R2), R0[c])
+    xhat, mean, rstd = _normalize(z)
 
+    # the weighted sum and the output LayerNorm; reductions as matmuls where possible
+    e = xhat * d_out
+    sc = s[c]
+    torch.bmm(_row(sc), e, out=_row(d_gamma[c]))
+    torch.mm(sc, d_out, out=d_beta[c])
+    d_s[c] = torch.bmm(e, _col(gamma[c])).squeeze(-1) + (d_out @ beta[c].t()).t()
+    del e
+    d_xhat = (_col(sc) * d_out).mul_(_row(gamma[c]))
+    d_z = _normalize_backward(d_xhat, z, mean, rstd)
+    del d_xhat, xhat, z
 
-def row_matmuls(dh: int) -> bool:
-    """Whether the kernel path runs forward and backward in one pass each with their matmuls
-    row by row (`cpu_kernels.forward`, `cpu_kernels.backward_rows`) for variable_dim `dh`,
-    rather than in chunks around MKL's matmuls. The backward makes g = f Wg again from f and adds
-    up the weights' gradients itself: at S (tft_small) g and its gradient were 34 MB each a step
-    that MKL's matmuls wrote and read back, and the backward took 1.5x as long with them."""
-    return dh <= ROW_MATMUL_MAX_DH and dh % cpu_kernels.LANES == 0
+    # the skip R0 + u R1 + v R2
+    torch.sum(d_z, 1, out=d_R0[c])
+    torch.bmm(_row(u[c]), d_z, out=_row(d_R1[c]))
+    torch.bmm(d_z, _col(R1[c]), out=_col(d_u[c]))
+    if v is not None:
+        torch.bmm(_row(v[c]), d_z, out=_row(d_R2[c]))
+        torch.bmm(d_z, _col(R2[c]), out=_col(d_v[c]))
 
+    # GLU and its projection
+    d_g = torch.ops.aten.glu_backward(d_z, g, -1)
+    del d_z
+    torch.bmm(f.transpose(1, 2), d_g, out=d_Wg[c]).mul_(scale)
+    torch.sum(d_g, 1, out=d_bg[c])
+    d_f = torch.bmm(d_g, Wg[c].transpose(1, 2)).mul_(scale)
+    del d_g
+    if keep_all is not None:
+        d_f.mul_(keep_all[c])
 
-class _KernelSelectedGRNs(torch.autograd.Function):
-    """`_SelectedGRNs` with the elementwise chains in C, for float32 on a CPU."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> Tensor:
-        *tensors, dropout, save, recompute = args
-        x, W2, gamma = tensors[0], tensors[4], tensors[13]
-        n, rows = x.shape
-        dh, h = W2.shape[-1], gamma.shape[-1]
-        seed = cpu_kernels.draw_seed(x) if dropout else 0
-        keep = save and not recompute
-        f_all = x.new_empty(n, rows, dh) if keep else None
-        # the row path's backward makes g again from f (`cpu_kernels.backward_rows`)
-        g_all = x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
-        chunks = _chunks(n, rows, h, x)
-        out = _kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
-        if save:
-            ctx.save_for_backward(*tensors, f_all, g_all)
-            ctx.dropout, ctx.seed = dropout, seed
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        with torch.autocast(d_out.device.type, enabled=False):  # float32, as the forward
-            return _KernelSelectedGRNs._backward(ctx, d_out.to(ctx.saved_tensors[0].dtype))
-
-    @staticmethod
-    def _backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        (x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, g_all) = (
-            ctx.saved_tensors
-        )
-        p, seed = ctx.dropout, ctx.seed
-        scale = keep_scale(p, x)
-        n, rows = x.shape
-        h = gamma.shape[-1]
-        d_out = d_out.contiguous()
-
-        def like(t: Tensor | None) -> Tensor | None:
-            return None if t is None else torch.empty_like(t)
-
-        d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        d_s, d_u, d_v = like(s), like(u), like(v)
-        if row_matmuls(W2.shape[-1]):
-            # a small variable_dim: the whole backward row by row in C, in one call
-            gate = cpu_kernels.Gate(None, bg, scale, s, u, v, R0, R1, R2, gamma, beta)
-            sums = cpu_kernels.backward_rows(
-                gate, d_out, x, A, C, W2, b2, Wg, f_all, seed, p, d_s, d_u, d_v, d_x
-            )
-            d_Wg, d_W2 = sums["Wg"], sums["W2"]
-            if scale != 1:
-                d_Wg *= scale
-            d_b2, d_A, d_C, d_bg = sums["b2"], sums["A"], sums["C"], sums["bias"]
-            d_gamma, d_beta, d_R0, d_R1 = sums["gamma"], sums["beta"], sums["R0"], sums["R1"]
-            d_R2 = None if R2 is None else sums["R2"]
-            return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2,
-                    d_gamma, d_beta, None, None, None)  # fmt: skip
-        d_A, d_C, d_W2, d_Wg = like(A), like(C), like(W2), like(Wg)
-        d_R0, d_R1, d_R2 = like(R0), like(R1), like(R2)
-        d_gamma, d_beta, d_b2, d_bg = like(gamma), like(beta), like(b2), like(bg)
-        for c in _chunks(n, rows, h, x):
-            if g_all is None:  # recompute mode: f and g as the forward made them
-                a = cpu_kernels.elu(x[c], A[c], C[c])
-                f = torch.bmm(a, W2[c])
-                cpu_kernels.bias_dropout(f, b2[c], c.start, seed, p)
-                g = torch.bmm(f, Wg[c])
-            else:
-                f, g = f_all[c], g_all[c]
-            gate = cpu_kernels.Gate(
-                g,
-                bg[c],
-                scale,
-                s[c],
-                u[c],
-                *_rows(c, v),
-                R0[c],
-                R1[c],
-                *_rows(c, R2),
-                gamma[c],
-                beta[c],
-            )
-            d_rows = (d_s[c], d_u[c], *_rows(c, d_v))
-            d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
-            if g_all is not None:  # (after the gate's backward: not held through its peak)
-                a = cpu_kernels.elu(x[c], A[c], C[c])
-            del g
-            for grad, key in (
-                (d_gamma, "gamma"),
-                (d_beta, "beta"),
-                (d_R0, "R0"),
-                (d_R1, "R1"),
-                (d_R2, "R2"),
-                (d_bg, "bias"),
-            ):
-                if grad is not None:
-                    grad[c] = sums[key]
-            torch.bmm(f.transpose(1, 2), d_g, out=d_Wg[c])
-            if scale != 1:
-                d_Wg[c] *= scale
-            del f
-            d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
-            # the forward's mask again, the dropout scale with it; fc2's bias gradient
-            d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
-            del d_g
-            torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
-            d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
-            d_A[c], d_C[c] = cpu_kernels.elu_backward(
-                x[c], A[c], a, d_a, None if d_x is None else d_x[c]
-            )
-            del a, d_a, d_f
-        return (
-            d_x,
-            d_s,
-            d_A,
-            d_C,
-            d_W2,
-            d_b2,
-            d_Wg,
-            d_bg,
-            d_u,
-            d_v,
-            d_R0,
-            d_R1,
-            d_R2,
-            d_gamma,
-            d_beta,
-            None,
-            None,
-            None,
-        )
+    # fc2, ELU and the folded fc1 (a was recomputed from x above)
+    torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
+    torch.sum(d_f, 1, out=d_b2[c])
+    d_h1 = torch.ops.aten.elu_backward(
+        torch.bmm(d_f, W2[c].transpose(1, 2)), 1.0, 1.0, 1.0, True, a
+    )
+    del a, d_f, f, g, mean, rstd
+    torch.bmm(_row(x[c]), d_h1, out=_row(d_A[c]))
+    torch.sum(d_h1, 1, out=d_C[c])
+    if d_x is not None:
+        d_x[c] = torch.bmm(d_h1, _col(A[c])).squeeze(-1)
+    del d_h1
 
 
 def selected_grns(
@@ -584,9 +358,10 @@ def _select(
     if not save:
         chunks = _chunks(n, rows, h, x)
         if kernel:
-            return _kernel_forward(
+            return kernel_forward(
                 *tensors, dropout, cpu_kernels.draw_seed(x) if dropout else 0, chunks
             )
         return _forward(*tensors, dropout, chunks)
-    function = _KernelSelectedGRNs if kernel else _SelectedGRNs
-    return function.apply(*tensors, dropout, save, recompute)
+    if kernel:  # (its backward goes over the forward's chunks)
+        return KernelSelectedGRNs.apply(*tensors, dropout, save, recompute, _chunks(n, rows, h, x))
+    return _SelectedGRNs.apply(*tensors, dropout, save, recompute)

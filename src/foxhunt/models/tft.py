@@ -99,18 +99,27 @@ class TemporalFusionTransformer(nn.Module):
         self.num_static_cat = len(static_cardinalities)
         self.num_static_real = num_static_real
         self.num_static_vars = self.num_static_cat + num_static_real
-        h = hidden_dim
+        # the parts in the order of their parameters (the same seed gives the same weights)
+        self._build_inputs(static_cardinalities, variable_dim)
+        self._build_variable_selections(variable_dim, dropout)
+        self._build_static_encoders(dropout)
+        self._build_lstms(dropout)
+        self._build_attention(num_heads, dropout)
+        self._build_head(highway, monotone)
 
-        # Input transformations (sec. 4.2). One prescaler per time-varying real, shared by the
-        # encoder and decoder as in pytorch-forecasting; ordered [observed, known, relative time]
-        # so the decoder's variables are the trailing slice.
+    def _build_inputs(self, static_cardinalities: Sequence[int], variable_dim: int) -> None:
+        """Input transformations (sec. 4.2). One prescaler per time-varying real, shared by the
+        encoder and decoder as in pytorch-forecasting; ordered [observed, known, relative time]
+        so the decoder's variables are the trailing slice."""
         self.prescaler = VariablePrescaler(self.num_encoder_vars, variable_dim)
-        self.static_prescaler = VariablePrescaler(num_static_real, variable_dim)
+        self.static_prescaler = VariablePrescaler(self.num_static_real, variable_dim)
         self.static_embeddings = nn.ModuleList(
             nn.Embedding(cardinality, variable_dim) for cardinality in static_cardinalities
         )
 
-        # Variable selection (sec. 4.2); none for statics when there are none.
+    def _build_variable_selections(self, variable_dim: int, dropout: float) -> None:
+        """Variable selection (sec. 4.2); none for statics when there are none."""
+        h = self.hidden_dim
         self.static_variable_selection = (
             VariableSelectionNetwork(self.num_static_vars, variable_dim, h, dropout)
             if self.num_static_vars > 0
@@ -123,20 +132,26 @@ class TemporalFusionTransformer(nn.Module):
             self.num_decoder_vars, variable_dim, h, dropout, context_size=h
         )
 
-        # Static covariate encoders (sec. 4.3): contexts c_s, c_h, c_c and c_e.
+    def _build_static_encoders(self, dropout: float) -> None:
+        """Static covariate encoders (sec. 4.3): contexts c_s, c_h, c_c and c_e."""
+        h = self.hidden_dim
         self.static_context_variable_selection = GatedResidualNetwork(h, h, h, dropout)
         self.static_context_initial_hidden_lstm = GatedResidualNetwork(h, h, h, dropout)
         self.static_context_initial_cell_lstm = GatedResidualNetwork(h, h, h, dropout)
         self.static_context_enrichment = GatedResidualNetwork(h, h, h, dropout)
 
-        # Locality enhancement with a sequence-to-sequence layer (sec. 4.5.1).
-        lstm_dropout = dropout if lstm_layers > 1 else 0.0
-        self.lstm_encoder = nn.LSTM(h, h, lstm_layers, batch_first=True, dropout=lstm_dropout)
-        self.lstm_decoder = nn.LSTM(h, h, lstm_layers, batch_first=True, dropout=lstm_dropout)
+    def _build_lstms(self, dropout: float) -> None:
+        """Locality enhancement with a sequence-to-sequence layer (sec. 4.5.1)."""
+        h, layers = self.hidden_dim, self.lstm_layers
+        lstm_dropout = dropout if layers > 1 else 0.0
+        self.lstm_encoder = nn.LSTM(h, h, layers, batch_first=True, dropout=lstm_dropout)
+        self.lstm_decoder = nn.LSTM(h, h, layers, batch_first=True, dropout=lstm_dropout)
         # pytorch-forecasting shares this gate between encoder and decoder positions.
         self.post_lstm_gate_norm = GateAddNorm(h, h, dropout)
 
-        # Static enrichment (sec. 4.5.2), temporal self-attention (4.5.3), feed-forward (4.5.4).
+    def _build_attention(self, num_heads: int, dropout: float) -> None:
+        """Static enrichment (sec. 4.5.2), temporal self-attention (4.5.3), feed-forward (4.5.4)."""
+        h = self.hidden_dim
         self.static_enrichment = GatedResidualNetwork(h, h, h, dropout, context_size=h)
         self.multihead_attn = InterpretableMultiHeadAttention(h, num_heads, dropout)
         self.post_attn_gate_norm = GateAddNorm(h, h, dropout)
@@ -144,17 +159,20 @@ class TemporalFusionTransformer(nn.Module):
         # No dropout this close to the output, as in pytorch-forecasting.
         self.pre_output_gate_norm = GateAddNorm(h, h, None)
 
-        # Quantile outputs (sec. 4.6).
-        self.output_layer = nn.Linear(h, len(self.quantiles))
+    def _build_head(self, highway: bool, monotone: bool) -> None:
+        """Quantile outputs (sec. 4.6), with the highway and the monotone head if asked for."""
+        n_quantiles = len(self.quantiles)
+        self.output_layer = nn.Linear(self.hidden_dim, n_quantiles)
+        n_inputs = self.num_observed + self.num_known
         self.highway = (
-            Highway(num_observed + num_known, num_known, prediction_length, len(self.quantiles))
+            Highway(n_inputs, self.num_known, self.prediction_length, n_quantiles)
             if highway
             else None
         )
-        median = min(range(len(self.quantiles)), key=lambda i: abs(self.quantiles[i] - 0.5))
+        median = min(range(n_quantiles), key=lambda i: abs(self.quantiles[i] - 0.5))
         # quantiles in order by construction (monotone=False: independent heads, as in Lim et
         # al., the models trained before it)
-        self.monotone = MonotoneQuantiles(len(self.quantiles), median) if monotone else None
+        self.monotone = MonotoneQuantiles(n_quantiles, median) if monotone else None
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -192,19 +210,8 @@ class TemporalFusionTransformer(nn.Module):
         encoder_cont = x["encoder_cont"]
         decoder_known = x["decoder_known"]
         self._check_inputs(encoder_cont, decoder_known)
-        batch, enc_len, _ = encoder_cont.shape
-        dec_len = decoder_known.shape[1]
-
-        relative_time = torch.arange(
-            enc_len + dec_len, device=encoder_cont.device, dtype=encoder_cont.dtype
-        )
-        relative_time = ((relative_time - enc_len) / max(enc_len, dec_len)).view(1, -1, 1)
-        encoder_real = torch.cat(
-            [encoder_cont, relative_time[:, :enc_len].expand(batch, -1, -1)], dim=-1
-        )
-        decoder_real = torch.cat(
-            [decoder_known, relative_time[:, enc_len:].expand(batch, -1, -1)], dim=-1
-        )
+        enc_len, dec_len = encoder_cont.shape[1], decoder_known.shape[1]
+        encoder_real, decoder_real = self._with_relative_time(encoder_cont, decoder_known)
 
         static_embedding, static_weights = self._static_embedding(x, encoder_cont)
 
@@ -230,23 +237,8 @@ class TemporalFusionTransformer(nn.Module):
         )
         enrichment_context = self.static_context_enrichment(static_embedding).unsqueeze(1)
         enriched = self.static_enrichment(lstm_output, enrichment_context)
-
-        # Only the forecast positions are queried; they attend to the whole window.
-        attended, attention = self._checkpointed(
-            self.multihead_attn,
-            enriched[:, enc_len:],
-            enriched,
-            self._causal_mask(enc_len, dec_len, encoder_cont.device),
-            need_weights,
-        )
-        output = self.post_attn_gate_norm(attended, enriched[:, enc_len:])
-        output = self.pos_wise_ff(output)
-        output = self.pre_output_gate_norm(output, lstm_output[:, enc_len:])
-        prediction = self.output_layer(output)
-        if self.highway is not None:
-            prediction = prediction + self.highway(encoder_cont[:, -1], decoder_known)
-        if self.monotone is not None:
-            prediction = self.monotone(prediction)
+        output, attention = self._attend(enriched, lstm_output, enc_len, dec_len, need_weights)
+        prediction = self._quantile_outputs(output, encoder_cont, decoder_known)
 
         if not need_weights:
             return prediction, {}
@@ -256,6 +248,51 @@ class TemporalFusionTransformer(nn.Module):
             "static_variable_weights": static_weights,
             "attention": attention,
         }
+
+    @staticmethod
+    def _with_relative_time(encoder_cont: Tensor, decoder_known: Tensor) -> tuple[Tensor, Tensor]:
+        """The encoder's and the decoder's real inputs with the relative time index appended."""
+        batch, enc_len, _ = encoder_cont.shape
+        dec_len = decoder_known.shape[1]
+        relative_time = torch.arange(
+            enc_len + dec_len, device=encoder_cont.device, dtype=encoder_cont.dtype
+        )
+        relative_time = ((relative_time - enc_len) / max(enc_len, dec_len)).view(1, -1, 1)
+        encoder_real = torch.cat(
+            [encoder_cont, relative_time[:, :enc_len].expand(batch, -1, -1)], dim=-1
+        )
+        decoder_real = torch.cat(
+            [decoder_known, relative_time[:, enc_len:].expand(batch, -1, -1)], dim=-1
+        )
+        return encoder_real, decoder_real
+
+    def _attend(
+        self, enriched: Tensor, lstm_output: Tensor, enc_len: int, dec_len: int, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The forecast positions after self-attention over the enriched window (sec. 4.5.3),
+        the feed-forward (4.5.4) and the gate back to the LSTM's output; the attention."""
+        # Only the forecast positions are queried; they attend to the whole window.
+        attended, attention = self._checkpointed(
+            self.multihead_attn,
+            enriched[:, enc_len:],
+            enriched,
+            self._causal_mask(enc_len, dec_len, enriched.device),
+            need_weights,
+        )
+        output = self.post_attn_gate_norm(attended, enriched[:, enc_len:])
+        output = self.pos_wise_ff(output)
+        return self.pre_output_gate_norm(output, lstm_output[:, enc_len:]), attention
+
+    def _quantile_outputs(
+        self, output: Tensor, encoder_cont: Tensor, decoder_known: Tensor
+    ) -> Tensor:
+        """The quantile predictions [B, H, Q] from the decoder's output (sec. 4.6)."""
+        prediction = self.output_layer(output)
+        if self.highway is not None:
+            prediction = prediction + self.highway(encoder_cont[:, -1], decoder_known)
+        if self.monotone is not None:
+            prediction = self.monotone(prediction)
+        return prediction
 
     def _lstm(self, encoder_input: Tensor, decoder_input: Tensor, h0: Tensor, c0: Tensor):  # noqa: ANN202
         if lstm_leaves_autocast(encoder_input):

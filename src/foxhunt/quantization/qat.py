@@ -229,6 +229,53 @@ def _dequant(q: Tensor, scale: Tensor, shape: torch.Size, stacked: bool) -> Tens
     return rows.reshape(n, o, i).transpose(1, 2).contiguous()
 
 
+def _fake_quant_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """{key: {q, scale, shape, stacked}} every fake-quantized weight as int8 and its scales."""
+    weights = {}
+    for name, module, stacked in _quantized_weights(model):
+        w = module.weight.detach()  # computing it makes the scales current
+        fq = module.parametrizations.weight[0].fq
+        q, scale = _int8(module.parametrizations.weight.original.detach(), stacked, fq)
+        weights[f"{name}.weight"] = {
+            "q": q,
+            "scale": scale,
+            "shape": tuple(w.shape),
+            "stacked": stacked,
+        }
+    return weights
+
+
+def _lstm_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """The LSTMs' weights (float in training) as dynamic quantization will run them: int8 per
+    row."""
+    weights = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.LSTM):
+            for pname, w in module.named_parameters():
+                if pname.startswith("weight_"):
+                    w = w.detach()
+                    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+                    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+                    key = f"{name}.{pname}"
+                    weights[key] = {"q": q, "scale": scale, "shape": w.shape, "stacked": False}
+    return weights
+
+
+def _input_quantization(model: nn.Module) -> dict[str, Any]:
+    """How each Linear's input was quantized, so inference does exactly the same: the learned
+    int8 range (torch.ao), or per token at run time (torchao)."""
+    activations: dict[str, Any] = {}
+    for name, m, _ in _quantized_weights(model):
+        fq = getattr(m, "input_fq", None)
+        if fq is None:
+            continue
+        if not _is_torchao(fq):
+            activations[name] = (float(fq.scale), int(fq.zero_point))
+        elif getattr(m, "called", False):  # (a folded weight's Linear never sees an input)
+            activations[name] = "per_token"
+    return activations
+
+
 def export_int8(
     model: TemporalFusionTransformer,
     init: dict[str, Any],
@@ -241,46 +288,16 @@ def export_int8(
     schema (`DataSchema.to_dict()`: columns and normalization), and `calibration` (the run's
     `Calibration.to_dict()`) let `foxhunt.load` predict from the export alone; `load_int8`
     ignores them."""
-    weights: dict[str, Any] = {}
-    quantized = set()
-    for name, module, stacked in _quantized_weights(model):
-        w = module.weight.detach()  # computing it makes the scales current
-        fq = module.parametrizations.weight[0].fq
-        q, scale = _int8(module.parametrizations.weight.original.detach(), stacked, fq)
-        weights[f"{name}.weight"] = {
-            "q": q,
-            "scale": scale,
-            "shape": tuple(w.shape),
-            "stacked": stacked,
-        }
-        quantized.add(f"{name}.parametrizations.weight.original")
-    # the LSTMs (float in training) as dynamic quantization will run them: int8 per row
-    for name, module in model.named_modules():
-        if isinstance(module, nn.LSTM):
-            for pname, w in module.named_parameters():
-                if pname.startswith("weight_"):
-                    w = w.detach()
-                    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-                    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
-                    key = f"{name}.{pname}"
-                    weights[key] = {"q": q, "scale": scale, "shape": w.shape, "stacked": False}
-                    quantized.add(key)
-    # how each Linear's input was quantized, so inference does exactly the same: the learned
-    # int8 range (torch.ao), or per token at run time (torchao)
-    activations: dict[str, Any] = {}
-    for name, m, _ in _quantized_weights(model):
-        fq = getattr(m, "input_fq", None)
-        if fq is None:
-            continue
-        if not _is_torchao(fq):
-            activations[name] = (float(fq.scale), int(fq.zero_point))
-        elif getattr(m, "called", False):  # (a folded weight's Linear never sees an input)
-            activations[name] = "per_token"
-    # the rest (biases, norms, prescalers, the float head: ~7% of tft_small) in float16
+    weights = _fake_quant_weights(model)
+    lstms = _lstm_weights(model)
+    weights |= lstms
+    activations = _input_quantization(model)
+    # the rest (biases, norms, prescalers, the float head: ~7% of tft_small) in float16; the
+    # fake-quantized weights' float originals are the `.parametrizations.` entries
     floats = {
         k: v.half() if v.is_floating_point() else v
         for k, v in model.state_dict().items()
-        if k not in quantized and ".parametrizations." not in k and "input_fq" not in k
+        if k not in lstms and ".parametrizations." not in k and "input_fq" not in k
     }
     tensors = {f"float/{k}": v for k, v in floats.items()}
     for key, entry in weights.items():

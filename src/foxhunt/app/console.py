@@ -1,0 +1,125 @@
+"""The lines a person reads at the end of a run or a backtest, before its JSON line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from foxhunt.app.report_figures import cross_sectional, listed, ranked
+from foxhunt.app.report_scores import ic_figures, spread
+
+
+def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
+    """What a person reads at the end of a run, before its JSON line: a panel's cross-sectional
+    IC first, the test loss and the skill against the strongest baseline (per instrument too: a
+    panel's spread, best and worst), direction against its base rate, calibration in one line,
+    and where the report is (`report`, default the run's report.md)."""
+    m = summary.get("metrics") or {}
+    if m.get("test_loss") is None:
+        return []
+    lines = [_loss_line(m)]
+    if cross_sectional(m):
+        lines.insert(0, f"cross-sectional {ic_figures(m)}")
+    lines += _instrument_lines(m.get("by_instrument") or {})
+    accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
+    if accuracy is not None and up is not None:
+        lines.append(
+            f"direction: {accuracy:.1%} right, against {max(up, 1 - up):.1%} for always "
+            f"{'up' if up >= 0.5 else 'down'}"
+        )
+    if m.get("ic") is not None and not cross_sectional(m):
+        lines.append(ic_figures(m))
+    horizons = [_horizon_line(h) for h in m.get("horizons") or []]
+    if horizons:
+        lines.append("; ".join(horizons))
+    strategy = summary.get("strategy") or {}
+    if strategy.get("sharpe") is not None:
+        lines.append(_strategy_line(strategy))
+    lines += _coverage_lines(summary)
+    if report is None and summary.get("run_dir"):
+        report = Path(summary["run_dir"]) / "report.md"
+    if report is not None and report.is_file():
+        lines.append(f"report: {report}")
+    return lines
+
+
+def _loss_line(m: dict[str, Any]) -> str:
+    """The test loss (calibrated too) and the skill against the strongest baseline."""
+    line = f"test loss {m['test_loss']:.4f} (quantile loss, normalized)"
+    if m.get("calibrated_test_loss") is not None:
+        line = line[:-1] + f"; calibrated {m['calibrated_test_loss']:.4f})"
+    if m.get("skill") is not None:
+        verdict = "beats" if m["skill"] > 0 else "does not beat"
+        line += (
+            f"; skill {m['skill']:+.1%} against {m['best_baseline']}, the strongest baseline: "
+            f"the model {verdict} it"
+        )
+    return line
+
+
+def _instrument_lines(per: dict[str, dict]) -> list[str]:
+    """The skill per instrument: a panel's spread, best and worst; a few instruments' each."""
+    order = ranked(per)
+    parts = listed(order, order)
+    if len(parts) > 1:  # a panel
+        lines = [f"skill per instrument: {spread([per[n]['skill'] for n in order], 'skill')}"]
+        for title, names in parts:
+            lines.append(f"  {title}: " + ", ".join(f"{n} {per[n]['skill']:+.1%}" for n in names))
+        return lines
+    if len(order) > 1:
+        each = [
+            f"{name} {p['skill']:+.1%} ({p['best_baseline']})"
+            for name, p in per.items()
+            if p.get("skill") is not None
+        ]
+        return ["skill per instrument: " + ", ".join(each)]
+    return []
+
+
+def _horizon_line(h: dict[str, Any]) -> str:
+    """ "horizon 1: IC +0.123 (t 4.5), skill +1.2%": one step's figures, apart from the pool."""
+    t = "n/a" if h.get("ic_t") is None else f"{h['ic_t']:.1f}"
+    line = f"horizon {h['horizon']}: IC " + ("n/a" if h.get("ic") is None else f"{h['ic']:+.3f}")
+    line += f" (t {t})"
+    return line + ("" if h.get("skill") is None else f", skill {h['skill']:+.1%}")
+
+
+def _strategy_line(strategy: dict[str, Any]) -> str:
+    """The strategy's Sharpe ratio after costs, its standard error, and buy-and-hold's."""
+    hold = strategy["buy_and_hold"].get("sharpe")
+    se = strategy.get("sharpe_se")
+    return (
+        f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs): Sharpe "
+        f"{strategy['sharpe']:.2f} after costs"
+        + ("" if se is None else f" (standard error {se:.2f})")
+        + ", buy and hold "
+        + ("n/a" if hold is None else f"{hold:.2f}")
+    )
+
+
+def _coverage_lines(summary: dict[str, Any]) -> list[str]:
+    """The outer interval's test coverage: before and after calibration, else the model's."""
+    quantiles = summary.get("quantiles")
+    coverage = (summary.get("metrics") or {}).get("test_coverage")
+    cal = summary.get("calibration") or {}
+    if cal.get("before", {}).get("intervals"):
+        return [_calibration_line(cal)]
+    if quantiles and coverage is not None:
+        nominal = quantiles[-1] - quantiles[0]
+        return [
+            f"calibration: the {quantiles[0]:g}-{quantiles[-1]:g} interval held {coverage:.1%} "
+            f"of the test targets (nominal {nominal:.0%})"
+        ]
+    return []
+
+
+def _calibration_line(cal: dict[str, Any]) -> str:
+    """The outer interval's test coverage and width before and after calibration, in one line."""
+    b, a = cal["before"]["intervals"][0], cal["after"]["intervals"][0]
+    lo, hi = b["levels"]
+    return (
+        f"calibration ({cal['method']}): the {lo:g}-{hi:g} interval held {b['coverage']:.1%} "
+        f"-> {a['coverage']:.1%} of the test targets (nominal {b['nominal']:.0%}), width "
+        f"{b['width']:.3g} -> {a['width']:.3g}, pinball {cal['before']['pinball']:.4f} -> "
+        f"{cal['after']['pinball']:.4f}: {cal['verdict'] or 'not calibrated'}"
+    )

@@ -1,0 +1,106 @@
+"""A model's data config as the serving core (`foxhunt_serve`) reads it: model.json's `data`
+and `features` sections, which predict hands the serving core too. Each derived feature is
+named by its family and window: `foxhunt_serve.features` is what computes it, and its
+definition (no prose copy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from foxhunt.data.columns import (
+    OHLCV_FIELDS,
+    OHLCV_TARGET,
+    column_plan,
+    futures_enabled,
+    ohlcv_spec_of,
+)
+from foxhunt.data.features import feature_plan, warmup_of
+from foxhunt.data.futures import futures_section
+from foxhunt.data.schema import DataSchema
+
+
+def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
+    """How a file is read for this model: the columns and their roles, the numeric columns
+    read (the NaN policy applies to each; with `schema`), the OHLCV columns and the warm-up
+    rows the derived features drop, the futures roll."""
+    spec = ohlcv_spec_of(cfg)
+    ohlcv = None
+    if spec is not None:
+        ohlcv = {f: str(getattr(cfg.ohlcv, f)) for f in OHLCV_FIELDS}
+        ohlcv["warmup_rows"] = warmup_of(spec)
+    section = {
+        "time_column": cfg.time_column,
+        "time_unit": None if cfg.time_unit is None else str(cfg.time_unit),
+        "group_column": cfg.group_column,
+        "target_column": cfg.target,  # None: the log return of the close (derived)
+        "known_columns": list(cfg.known_features),  # given in the rows to forecast too
+        "nan_policy": str(cfg.nan_policy),
+        "columns_read": None if schema is None else columns_read(cfg, schema),
+        "ohlcv": ohlcv,
+        "futures": futures_section(cfg) if futures_enabled(cfg) else None,
+    }
+    if schema is None:
+        del section["columns_read"]
+    return section
+
+
+def features(schema: DataSchema, cfg: Any) -> dict[str, dict[str, Any]]:
+    """Every input feature by name: its role, where it comes from (a `column` of the file, a
+    `derived` OHLCV feature of a family and window, the `calendar` of the bar's time), and its
+    normalization statistics."""
+    spec = ohlcv_spec_of(cfg)
+    derived, calendar = feature_plan(spec) if spec is not None else ([], [])
+    spec_of = {f"{fam}_{w}": (fam, w) for fam, w in derived}
+    out: dict[str, dict[str, Any]] = {}
+    roles = [("target", schema.target), *(("observed", c) for c in schema.observed)]
+    roles += [("known", c) for c in schema.known]
+    for (role, name), mean, std in zip(roles, schema.input_mean, schema.input_std, strict=True):
+        if role == "target" and cfg.target is None:
+            source = {"source": "derived", "family": OHLCV_TARGET}
+        elif name in spec_of:
+            source = {"source": "derived", "family": spec_of[name][0], "window": spec_of[name][1]}
+        elif name in calendar:
+            source = {"source": "calendar"}
+        else:
+            source = {"source": "column", "column": name}
+        out[name] = {"role": role, **source, "mean": float(mean), "std": float(std)}
+    for name, mean, std in zip(schema.static, schema.static_mean, schema.static_std, strict=True):
+        out[name] = {
+            "role": "static",
+            "source": "column",
+            "column": name,
+            "mean": float(mean),
+            "std": float(std),
+        }
+    return out
+
+
+def columns_read(cfg: Any, schema: DataSchema) -> list[str]:
+    """The numeric columns predict reads from a file for this model, from the column plan of a
+    stand-in file with the columns the config names (data.features=all: the model's own)."""
+    floats = [*cfg.known_features, *cfg.static_features, *cfg.extra_features]
+    if cfg.target is not None:
+        floats.append(cfg.target)
+    if cfg.features == "ohlcv":
+        floats += [getattr(cfg.ohlcv, f) for f in OHLCV_FIELDS]
+    elif cfg.features == "all":
+        floats += [*schema.observed, *(c for c in schema.dropped if c not in schema.known)]
+    else:
+        floats += list(cfg.features)
+    columns = {cfg.time_column: pa.timestamp("ns")}
+    if cfg.group_column:
+        columns[cfg.group_column] = pa.string()
+    if futures_enabled(cfg):
+        roll = cfg.futures.roll
+        if roll.open_interest_column:
+            floats.append(roll.open_interest_column)
+        if roll.expiry_column:
+            columns[roll.expiry_column] = pa.timestamp("ns")
+        if cfg.futures.root_column:
+            columns[cfg.futures.root_column] = pa.string()
+    columns |= {c: pa.float64() for c in floats if c not in columns}
+    stand_in = pa.schema([pa.field(name, kind) for name, kind in columns.items()])
+    return list(column_plan(pads.dataset(stand_in.empty_table()), cfg).values)
