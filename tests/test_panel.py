@@ -14,7 +14,7 @@ from tests.helpers import SMALL_MODEL, run_script
 INSTRUMENTS = 250
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 60 CPU-s: the full tier
 def test_a_250_instrument_panel_end_to_end(tmp_path):
     path = tmp_path / "panel.parquet"
     pq.write_table(stock_panel_table(INSTRUMENTS, days=320, seed=5), path)
@@ -44,3 +44,9 @@ def test_a_250_instrument_panel_end_to_end(tmp_path):
     named = [name for name in scored if f"| {name} |" in report]
     assert 0 < len(named) <= 20, named  # the best and worst 10, not 250 rows
     assert "Cross-sectional IC" in report.split("## ")[1]  # the headline for a panel
+    # the panel's cross-sectional book: traded a bar late, costed, beside the best baseline's
+    book = summary["book"]
+    assert book["names"] > 200 and book["execution_lag"] == 1 and book["cost_bps"] == 10
+    assert {"model", "best_baseline", "market"} <= set(book) and len(book["deciles"]) == 10
+    assert book["model"]["dates"] > 10 and book["model"]["turnover"] > 0
+    assert "## Cross-sectional book" in report and (run / "book.png").is_file()

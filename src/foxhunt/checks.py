@@ -88,6 +88,9 @@ def _check_eval(e: Any, c: Any) -> None:
     """eval.* and calibration.*: how the test forecasts are judged and calibrated."""
     _check(e.stride is None or e.stride > 0, f"eval.stride must be positive, got {e.stride}")
     _check(e.cost_bps >= 0, f"eval.cost_bps must be >= 0, got {e.cost_bps}")
+    _check(0 < e.book_top <= 0.5, f"eval.book_top must be in (0, 0.5], got {e.book_top}")
+    _check(e.execution_lag >= 0, f"eval.execution_lag must be >= 0, got {e.execution_lag}")
+    _check(e.book_cost_bps >= 0, f"eval.book_cost_bps must be >= 0, got {e.book_cost_bps}")
     _check(0 < c.gamma < 1, f"calibration.gamma must be in (0, 1), got {c.gamma}")
     _check(c.min_windows > 0, f"calibration.min_windows must be positive, got {c.min_windows}")
 

@@ -34,6 +34,9 @@ Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
 BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
 Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
+# auto: the cross-sectional book on a panel of at least BOOK_MIN_NAMES instruments, else none
+Book = StrEnum("Book", ["auto", "none", "cross_section"])
+BookWeights = StrEnum("BookWeights", ["equal", "risk"])
 Pruner = StrEnum("Pruner", ["median", "halving", "none"])  # a tuning study's (Optuna's)
 # sign: one unit long or short by the median forecast; scaled: median / predicted spread, +-1
 StrategyRule = StrEnum("StrategyRule", ["sign", "scaled"])
@@ -240,7 +243,8 @@ def _trainer_config() -> type:
         for p in params
         if p.name != "self" and p.name not in SET_BY_FOXHUNT
     ]
-    # gradient_clip_val stays a Trainer argument here; the module clips (see app.assemble.make_trainer)
+    # gradient_clip_val stays a Trainer argument here; the module clips
+    # (see app.assemble.make_trainer)
     return make_dataclass(
         "TrainerConfig", [("_target_", str, field(default="lightning.Trainer")), *fields]
     )
@@ -330,8 +334,15 @@ class EvalConfig:
     """How a run's test forecasts are judged (`foxhunt.evaluation.quality`)."""
 
     stride: int | None = None  # windows apart for the IC and hit rates; None: prediction_length
-    strategy: StrategyRule = StrategyRule.sign
+    strategy: StrategyRule = StrategyRule.sign  # each instrument's own time series strategy
     cost_bps: float = 1.0  # per unit of turnover
+    # the cross-sectional book (`foxhunt.evaluation.book`): each date the top book_top of the
+    # names long, the bottom book_top short, traded execution_lag bars after the forecast
+    book: Book = Book.auto
+    book_top: float = 0.2
+    book_weights: BookWeights = BookWeights.equal
+    execution_lag: int = 1
+    book_cost_bps: float = 10.0  # per unit of turnover: a stock's spread and impact, not 1 bp
 
 
 @dataclass

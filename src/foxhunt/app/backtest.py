@@ -39,6 +39,7 @@ from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
 from foxhunt.data.splits import NO_CUT, NO_START, iso_time
 from foxhunt.errors import ConfigError, FoxhuntError
+from foxhunt.evaluation.book import BOOK_PLOT, judged_book, plain, plot_book
 from foxhunt.evaluation.calibration import table_calibration
 from foxhunt.evaluation.forecasts import FORECASTS
 from foxhunt.evaluation.quality import EQUITY_PLOT, equity_curves, evaluate, strategy_summary
@@ -356,6 +357,11 @@ def _judge(
         "strategy": strategy_summary(results, e.strategy, e.cost_bps, "each fold's best"),
     }
     plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
+    book = judged_book(oos.drop_columns(["fold"]), resolve_target_kind(cfg.data), e)
+    if book is not None:  # the book over every fold's out-of-sample dates
+        judged["book"] = plain(book)
+        if "skipped" not in book:
+            plot_book(book, backtest_dir / BOOK_PLOT)
     return found, judged
 
 

@@ -1,12 +1,19 @@
 """backtest_report.md: a walk-forward backtest's folds and their cut times, each fold's metrics
-beside the pooled ones, per instrument, the costed strategy and the conformal calibration."""
+beside the pooled ones, per instrument, the costed strategy, the cross-sectional book (pooled
+over the folds) and the conformal calibration."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from foxhunt.app.report_scores import conformal_section, headline_section, instrument_table
+from foxhunt.app.report_scores import (
+    book_section,
+    conformal_section,
+    headline_section,
+    instrument_table,
+)
 from foxhunt.app.sweep import markdown_table
 
 
@@ -59,6 +66,8 @@ def backtest_report(summary: dict[str, Any], cut_keys: Sequence[str], summary_fi
         *_subsampled_folds(folds, summary_file),
         *instrument_table(summary["metrics"].get("by_instrument"), summary["baselines"]),
         *_strategy_table(summary),
+        "",
+        *book_section(summary, Path(summary.get("backtest_dir", "."))),
         "",
         *conformal_section(summary),
         "",

@@ -35,6 +35,9 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     strategy = summary.get("strategy") or {}
     if strategy.get("sharpe") is not None:
         lines.append(_strategy_line(strategy))
+    book = summary.get("book") or {}
+    if (book.get("model") or {}).get("sharpe") is not None:
+        lines.append(_book_line(book))
     lines += _coverage_lines(summary)
     if report is None and summary.get("run_dir"):
         report = Path(summary["run_dir"]) / "report.md"
@@ -94,6 +97,20 @@ def _strategy_line(strategy: dict[str, Any]) -> str:
         + ("" if se is None else f" (standard error {se:.2f})")
         + ", buy and hold "
         + ("n/a" if hold is None else f"{hold:.2f}")
+    )
+
+
+def _book_line(book: dict[str, Any]) -> str:
+    """The cross-sectional book's net Sharpe ratio, the best baseline's and the market's."""
+
+    def sharpe(key: str) -> str:
+        value = (book.get(key) or {}).get("sharpe")
+        return "n/a" if value is None else f"{value:.2f}"
+
+    return (
+        f"cross-sectional book (top {book['top']:.0%} long and short, {book['cost_bps']:g} bp "
+        f"costs, traded {book['execution_lag']} bar(s) later): Sharpe {sharpe('model')} after "
+        f"costs, best baseline's {sharpe('best_baseline')}, the market {sharpe('market')}"
     )
 
 

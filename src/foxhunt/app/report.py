@@ -28,6 +28,7 @@ from foxhunt.app.report_markdown import (
 from foxhunt.app.report_plots import LEARNING_CURVES, plot_learning_curves, plot_quality
 from foxhunt.app.report_scores import (
     baselines_section,
+    book_section,
     conformal_section,
     headline_section,
     quality_section,
@@ -86,6 +87,7 @@ def write_report(
         ("information coefficient", lambda: _quality_section(summary, run_dir, plots)),
         ("conformal calibration", lambda: conformal_section(summary)),
         ("strategy", lambda: strategy_section(summary, run_dir)),
+        ("book", lambda: book_section(summary, run_dir)),
         ("calibration", lambda: calibration_section(interpretation)),
         ("interpretation", lambda: interpretation_section(interpretation)),
     ]

@@ -277,6 +277,44 @@ def strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     return lines
 
 
+def book_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    """The cross-sectional book beside the best baseline's and the market, its long-short IC by
+    horizon and the forecast deciles, and book.png where `run_dir` has one."""
+    b = summary.get("book")
+    if not b:
+        return []
+    if "skipped" in b:
+        return ["## Cross-sectional book", "", f"(Not run: {b['skipped']}.)"]
+    keys = ["sharpe", "gross_sharpe", "max_drawdown", "turnover", "net_return"]
+    labels = {"model": "**model**", "best_baseline": "best baseline", "market": "market (long all)"}
+    rows = [[label, *(b[k][x] for x in keys)] for k, label in labels.items() if k in b]
+    ics = [[r["horizon"], r["rank_ic"], r["rank_ic_t"]] for r in b["ic_by_horizon"]]
+    lines = [
+        "## Cross-sectional book",
+        "",
+        f"Each date the {b['names']} names ranked by their horizon-1 median: "
+        f"the top {b['top']:.0%} long, the bottom {b['top']:.0%} short ({b['weights']} "
+        f"weights), traded {b['execution_lag']} bar(s) after the forecast, costs "
+        f"{b['cost_bps']:g} bp per unit of turnover (foxhunt/evaluation/book.py).",
+        "",
+        *table(
+            ["book", "Sharpe (net)", "Sharpe (gross)", "max drawdown", "turnover", "net return"],
+            rows,
+        ),
+        "",
+        "The long-short rank IC by date, by horizon (Newey-West t):",
+        "",
+        *table(["horizon", "rank IC", "t"], ics),
+        "",
+        "Mean realised return by forecast decile (lowest first): "
+        + ", ".join("-" if x is None else f"{x:+.2e}" for x in b["deciles"])
+        + ".",
+    ]
+    if (run_dir / "book.png").is_file():
+        lines += ["", "![the book's equity curves](book.png)"]
+    return lines
+
+
 def conformal_section(summary: dict[str, Any]) -> list[str]:
     """The test forecasts before and after each calibration method, per interval and horizon."""
     cal = summary.get("calibration")

@@ -28,6 +28,7 @@ from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table
 from foxhunt.data.schema import DataSchema
+from foxhunt.evaluation.book import BOOK_PLOT, plot_book
 from foxhunt.evaluation.calibration import Calibration, crossing_rate
 from foxhunt.evaluation.forecasts import FORECASTS
 from foxhunt.evaluation.quality import EQUITY_PLOT
@@ -300,6 +301,8 @@ def evaluate_test(
     write_atomic(run_dir / FORECASTS, lambda f: pq.write_table(done.judged.table, f))
     if cfg.report:
         plot_equity(done.judged.equity, run_dir / EQUITY_PLOT)
+        if done.judged.book and "skipped" not in done.judged.book:
+            plot_book(done.judged.book, run_dir / BOOK_PLOT)
     return done.summary, done.calibration
 
 

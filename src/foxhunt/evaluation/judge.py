@@ -1,6 +1,7 @@
 """A trained model's test forecasts judged as a quant would: beside every baseline on the same
 windows (`baselines`), pooled and per instrument, then the IC, calibration and a costed strategy
-(`quality`). Pure: the caller runs the model and writes the files."""
+(`quality`), and on a panel the cross-sectional book (`book`). Pure: the caller runs the model
+and writes the files."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.baselines import score_baselines
+from foxhunt.evaluation.book import judged_book, plain
 from foxhunt.evaluation.forecasts import forecast_table
 from foxhunt.evaluation.quality import equity_curves, evaluate, strategy_summary
 
@@ -26,6 +28,7 @@ class Judged:
     table: pa.Table  # test_forecasts.parquet: the model's and the strongest baseline's
     summary: dict[str, Any]  # summary.json's metrics (headline), baselines, evaluation, strategy
     equity: dict[str, Any]  # the equity curves to plot
+    book: dict[str, Any] | None = None  # the cross-sectional book, its per-date returns too
 
 
 def judge(
@@ -72,4 +75,7 @@ def judge(
         "strategy": strategy,
     }
     equity = equity_curves(results, pooled.get("best_baseline"))
-    return Judged(table, summary, equity)
+    found = judged_book(table, schema.target_kind, eval_cfg)
+    if found is not None:
+        summary["book"] = plain(found)
+    return Judged(table, summary, equity, found)

@@ -161,16 +161,25 @@ def _scores(
     return metrics, evaluation
 
 
+def baseline_table(table: pa.Table, quantiles: Any) -> pa.Table | None:
+    """The best baseline's forecasts (its `baseline_q...` columns) under the model's column
+    names, or None when the table has none."""
+    theirs = {BASELINE_PREFIX + quantile_column(x): quantile_column(x) for x in quantiles}
+    if not set(theirs) <= set(table.column_names):
+        return None
+    rest = table.drop_columns(list(theirs.values()))
+    return rest.rename_columns([theirs.get(c, c) for c in rest.column_names])
+
+
 def _against_baseline(
     table: pa.Table, w: _Windows, by_horizon: list[dict[str, Any]]
 ) -> pa.Table | None:
     """The best baseline's forecasts under the model's column names, or None when the table has
     none; adds each horizon's loss, baseline_loss and skill to `by_horizon`, in place."""
-    theirs = {BASELINE_PREFIX + quantile_column(x): quantile_column(x) for x in w.quantiles}
-    if not set(theirs) <= set(table.column_names):
+    baseline = baseline_table(table, w.quantiles)
+    if baseline is None:
         return None
-    rest = table.drop_columns(list(theirs.values()))
-    baseline = rest.rename_columns([theirs.get(c, c) for c in rest.column_names])
+    theirs = [BASELINE_PREFIX + quantile_column(x) for x in w.quantiles]
     their_pred = np.stack([_column(table, c, w.h) for c in theirs], axis=-1) / w.scale[..., None]
     ours = stats.pinball_by_horizon(w.norm_pred, w.norm_y, w.q)
     for row, loss, best in zip(
