@@ -305,6 +305,7 @@ def build_ours(
         quantiles=shape.quantiles,
         highway=False,  # the TFT of Lim et al., as the contenders build it
         monotone=False,
+        highway_first=False,
     ).to(device)
     batches = pool_batches(
         datamodule.train_dataloader, lambda b: len(b["target"]), pool, shape.batch_size

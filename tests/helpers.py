@@ -15,7 +15,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import replace
+from datetime import date, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +54,7 @@ ARCH = dict(
     quantiles=(0.1, 0.5, 0.9),
     highway=False,
     monotone=False,
+    highway_first=False,
 )
 
 # the smallest TFT, a few batches of each split: commands end to end, not the model's skill
@@ -154,6 +157,42 @@ def make_table(lengths: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
         cols["k1"].append(np.sin(np.arange(n) / 10))
         cols["y"].append(np.cumsum(rng.normal(size=n)))
     return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def session_times(
+    zone: str, first: str, last: str, hours: tuple[str, str], step_min: int = 5
+) -> np.ndarray:
+    """UTC ns of bars every `step_min` minutes from `hours[0]` to before `hours[1]` local time
+    in `zone` (09:30, 16:00; 16:00, 16:01: one daily bar), Monday to Friday from `first` to
+    `last` (ISO dates), made with datetime and zoneinfo alone."""
+    (h0, m0), (h1, m1) = (map(int, hm.split(":")) for hm in hours)
+    day, end, out = date.fromisoformat(first), date.fromisoformat(last), []
+    while day <= end:
+        if day.weekday() < 5:
+            at = datetime(day.year, day.month, day.day, h0, m0, tzinfo=ZoneInfo(zone))
+            close = at.replace(hour=h1, minute=m1)
+            while at < close:
+                out.append(int(at.timestamp()) * 10**9)
+                at += timedelta(minutes=step_min)  # wall-clock arithmetic: local time
+        day += timedelta(days=1)
+    return np.array(out, dtype=np.int64)
+
+
+def session_bars(times: np.ndarray, symbol: str = "SPX", seed: int = 0) -> dict[str, np.ndarray]:
+    """OHLCV columns of one instrument at `times`: a random walk from 5000."""
+    rng = np.random.default_rng(seed)
+    n = len(times)
+    close = 5000 * np.exp(np.cumsum(rng.normal(0, 1e-3, n)))
+    open_ = np.concatenate([[close[0]], close[:-1]])
+    return {
+        "timestamp": times,
+        "symbol": np.full(n, symbol),
+        "open": open_,
+        "high": np.maximum(open_, close) * 1.0005,
+        "low": np.minimum(open_, close) * 0.9995,
+        "close": close,
+        "volume": rng.integers(1, 5000, n).astype(float),
+    }
 
 
 def write_table(path: Path, cols: dict[str, np.ndarray]) -> Path:

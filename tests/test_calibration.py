@@ -12,6 +12,7 @@ import torch
 
 import foxhunt
 from foxhunt.app.train import train
+from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.files import read_export
 from tests.helpers import compose_train, make_table, tiny_overrides, write_table
@@ -91,3 +92,28 @@ def test_bad_calibration_settings_are_one_line(tmp_path, override, message):
     path = write_table(tmp_path / "bars.parquet", make_table({"AAA": 100}))
     with pytest.raises(ConfigError, match=message):
         train(compose_train(*tiny_overrides(path, override)), tmp_path / "run")
+
+
+def test_a_calibration_share_is_held_out_of_validation_and_fits_the_calibration(tmp_path):
+    """data.calibration_share: the last share of the validation dates' windows are the
+    calibration windows alone (after every window validation keeps, none in both); early
+    stopping sees the rest, the calibration is fitted on them and says so everywhere."""
+    cols = make_table({"AAA": 400, "BBB": 300})
+    path = write_table(tmp_path / "bars.parquet", cols)
+    cfg = compose_train(*tiny_overrides(path, "data.calibration_share=0.4"))
+    whole = ParquetDataModule(compose_train(*tiny_overrides(path)).data)
+    held = ParquetDataModule(cfg.data)
+    whole.setup()
+    held.setup()
+    val, cal = held.datasets["val"], held.datasets["calibration"]
+    assert len(val) + len(cal) == len(whole.datasets["val"]) and len(val) and len(cal)
+    first = {k: d.target_times(np.arange(len(d)))[:, 0] for k, d in (("val", val), ("cal", cal))}
+    assert first["val"].max() < first["cal"].min()
+    assert len(held.val_dataloader(sharded=False).dataset) == len(val)
+    summary = _run(tmp_path, "run", cols, "data.calibration_share=0.4")
+    assert summary["calibration"]["fitted_on"] == "calibration"
+    assert summary["calibration"]["calibration_windows"] == len(cal)
+    stored = torch.load(summary["best_checkpoint"], weights_only=True)["calibration"]
+    assert stored["fitted_on"] == "calibration"
+    with pytest.raises(ConfigError, match="data.calibration_share must be in"):
+        train(compose_train(*tiny_overrides(path, "data.calibration_share=1")), tmp_path / "x")

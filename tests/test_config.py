@@ -102,6 +102,7 @@ def test_early_stopping_patience_adds_early_stopping(tmp_path):
         ("data.nan_policy=zero", "[error, ffill, drop]"),
         ("data.target_kind=up", "[auto, return, level]"),
         ("data.time_unit=min", "[s, ms, us, ns]"),
+        ("data.calendar.session=rth", "[bars, continuous]"),
         ("optim.schedule=linear", "[cosine, onecycle, none]"),
         ("precision.trainer_precision=16-mixed", "[32-true, bf16-mixed]"),
         ("precision.backend=tensorrt", "[torch.ao, torchao]"),
@@ -195,6 +196,9 @@ def test_unknown_key_fails_at_composition():
         ("trainer.gradient_clip_algorithm=value", "its step clips the gradient norm"),
         ("data.split.val_start=yesterday", "data.split.val_start=yesterday is not an ISO date"),
         ("data.split.embargo=-1", "data.split.embargo must be >= 0 bars"),
+        ("data.calendar.time_zone=Mars/Olympus", "data.calendar: no time zone 'Mars/Olympus'"),
+        ("data.calendar.close=25:00", "data.calendar: calendar close '25:00' is not a time"),
+        ("data.calendar.holidays=[xmas]", "data.calendar: calendar holiday 'xmas' is not an"),
         (
             ["data.split.val_start=2026-03-01", "data.split.test_start=2026-02-01T12:00"],
             "data.split.val_start=2026-03-01 is after data.split.test_start=2026-02-01T12:00",

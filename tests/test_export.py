@@ -39,7 +39,7 @@ from foxhunt.config import DataConfig  # noqa: E402
 from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
 from foxhunt.data.futures import continuous_table  # noqa: E402
 from foxhunt.data.schema import footer_schema  # noqa: E402
-from foxhunt.data.serving import data_section  # noqa: E402
+from foxhunt.data.serving import data_section, features  # noqa: E402
 from foxhunt.models import fused_vsn  # noqa: E402
 from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
 from foxhunt.precision.onnx import (  # noqa: E402
@@ -48,6 +48,7 @@ from foxhunt.precision.onnx import (  # noqa: E402
     difference,
     exportable,
     onnx_feed,
+    onnx_inputs,
     onnx_session,
 )
 from foxhunt.quantization.qat import (  # noqa: E402
@@ -69,6 +70,8 @@ from tests.helpers import (  # noqa: E402
     ns,
     pip_env,
     run_script,
+    session_bars,
+    session_times,
     shared_dir,
     tiny_overrides,
     write_table,
@@ -571,6 +574,129 @@ def test_the_inference_path_of_the_fused_vsn():
         exported = fused_vsn.selected_grns(*args, dropout=0.0)
         assert fused_vsn._export_chunks(n, h) == [slice(0, 2), slice(2, 4), slice(4, 6)]
     torch.testing.assert_close(exported, plain_out, rtol=1e-12, atol=1e-12)
+
+
+# --- the exchange's clock: the consumer's times and calendar are predict's ------------------
+
+NEW_YORK = {"time_zone": "America/New_York", "close": "16:00"}
+RTH = ("09:30", "16:00")
+
+
+def _rth_config(path: Path, calendar: dict) -> object:
+    """A data config on `session_bars` at `path` with the clock `calendar`."""
+    cfg = OmegaConf.structured(
+        DataConfig(
+            path=str(path),
+            group_column="symbol",
+            features="ohlcv",
+            encoder_length=16,
+            prediction_length=H,
+            lazy=False,
+        )
+    )
+    cfg.calendar = OmegaConf.merge(cfg.calendar, calendar)
+    return cfg
+
+
+def _consumer_meta(cfg, schema) -> dict:
+    """model.json's sections that the consumer's windows read (export_onnx writes them so)."""
+    return {
+        "encoder_length": schema.encoder_length,
+        "prediction_length": schema.prediction_length,
+        "instruments": list(schema.groups),
+        "inputs": onnx_inputs(schema),
+        "features": features(schema, cfg),
+        "data": data_section(cfg, schema),
+        "target": {"name": schema.target},
+    }
+
+
+def _consumer_feed(w, meta: dict) -> dict[str, np.ndarray]:
+    """The consumer's windows as the ONNX inputs (as `foxhunt_serve.forecast` feeds them)."""
+    e, h = meta["encoder_length"], meta["prediction_length"]
+    n = len(meta["inputs"][0]["features"])
+    enc = w.rows[w.starts[:, None] + np.arange(e)]
+    dec = w.rows[w.starts[:, None] + np.arange(e, e + h)][..., n:]
+    return {"encoder_observed": enc[..., :n], "encoder_known": enc[..., n:], "decoder_known": dec}
+
+
+@pytest.mark.parametrize("change", ["2026-03-08", "2026-11-01"])
+@pytest.mark.parametrize("end", ["before", "after"])
+def test_the_consumer_reads_the_exchange_clock_as_predict(port, tmp_path, change, end):
+    """5-minute cash-session bars in New York time to the Friday before a change (the steps
+    after the data cross it) or after it (the history crosses it): the consumer's windows,
+    from model.json's data.calendar, are predict's: the same times, the steps after the data
+    Monday's first bars, and the same calendar inputs, in local time, every window."""
+    sunday = np.datetime64(change, "D")
+    last = sunday - (2 if end == "before" else -5)
+    times = session_times("America/New_York", str(sunday - 26), str(last), RTH)
+    path = write_table(tmp_path / "rth.parquet", session_bars(times))
+    cfg = _rth_config(path, NEW_YORK)
+    datamodule = ParquetDataModule(cfg)
+    datamodule.setup()
+    schema, table = datamodule.schema, pq.read_table(path)
+    meta = json.loads(json.dumps(_consumer_meta(cfg, schema)))  # as model.json holds it
+    assert meta["data"]["calendar"] == {**NEW_YORK, "session": "bars", "holidays": []}
+    monday = session_times("America/New_York", str(last + 3), str(last + 3), RTH)[:H]
+    for all_windows in (False, True):
+        want = build_windows(table, cfg, schema, all_windows)
+        got = port["build_windows"](table, meta, all_windows, str(path))
+        assert want.target_ns[-1].tolist() == got.target_ns[-1].tolist() == monday.tolist()
+        for fact in ("origin_ns", "target_ns", "target_time_known"):
+            np.testing.assert_array_equal(getattr(got, fact), getattr(want, fact), err_msg=fact)
+        batch = want.dataset.__getitems__(list(range(len(want.dataset))))
+        theirs, ours = onnx_feed(batch, schema), _consumer_feed(got, meta)
+        for name, value in ours.items():
+            np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+
+@pytest.mark.slow  # 25 CPU-s: the full tier
+def test_a_model_on_the_exchange_clock_forecasts_the_next_session(tmp_path):
+    """Trained and exported on cash-session bars in New York time up to the Friday before the
+    spring change: predict.py and the consumer forecast Monday's first bars, after the change,
+    the same forecasts; model.json carries the clock."""
+    times = session_times("America/New_York", "2026-02-09", "2026-03-06", RTH)
+    path = write_table(tmp_path / "rth.parquet", session_bars(times))
+    cfg = compose_train(
+        "data=parquet",
+        f"data.path={path}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.encoder_length=16",
+        f"data.prediction_length={H}",
+        "data.batch_size=16",
+        "data.calendar.time_zone=America/New_York",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.accelerator=cpu",
+        "report=false",
+        *BRIEF,
+        *SMALL,
+    )
+    ckpt = _trained(cfg, tmp_path / "run")
+    export_onnx(ckpt, tmp_path / "onnx")
+    meta = json.loads((tmp_path / "onnx" / JSON_FILE).read_text())
+    assert meta["data"]["calendar"] == {**NEW_YORK, "session": "bars", "holidays": []}
+    code, _, stderr = run_script(
+        "predict.py",
+        f"ckpt_path={ckpt}",
+        f"data.path={path}",
+        f"predict.out={tmp_path / 'predict.parquet'}",
+        f"hydra.run.dir={tmp_path / 'predict_run'}",
+    )
+    assert code == 0, stderr
+    want = pq.read_table(tmp_path / "predict.parquet")
+    monday = session_times("America/New_York", "2026-03-09", "2026-03-09", RTH)[:H]
+    assert want["target_time"].cast(pa.int64()).to_pylist() == [None] * H  # continued
+    code, _, stderr = consumer(tmp_path / "onnx", path, tmp_path / "onnx.parquet")
+    assert code == 0, stderr
+    _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
+    windows = build_windows(pq.read_table(path), foxhunt.load(ckpt).data_cfg, _schema(ckpt), False)
+    assert windows.target_ns[0].tolist() == monday.tolist()
+
+
+def _schema(ckpt: Path):
+    return TFTModule.load_from_checkpoint(ckpt, map_location="cpu").schema
 
 
 # --- the consumer's port of foxhunt's data path ----------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from datetime import date, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,13 +13,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve.clock import Clock
 from foxhunt_serve.windows import future_steps
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt.app.predict import build_windows
+from foxhunt.app.inference import training_data_config
+from foxhunt.app.predict import _schema_data_config, build_windows
 from foxhunt.app.train import train
-from foxhunt.data.features import derive_features
+from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.horizon import Future, known_at
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
@@ -29,6 +32,7 @@ from tests.helpers import (
     compose_train,
     make_table,
     run_script,
+    session_times,
     tiny_overrides,
     write_table,
 )
@@ -204,13 +208,122 @@ def test_future_times_continue_at_the_bar_interval():
     t = np.array([0, 5, 10, 100, 105, 110]) * 60 * 10**9  # a gap after the third bar
     cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
     given = Future(t[-1:] + FIVE_MIN, {})
+    # the sessions of the bars seen: an hour and a half tells nothing of the hours after it
+    bars = future_steps("ES", t, given, 3, [], Clock.of({}))[0]
     times, from_data, user = future_steps("ES", t, given, 3, [])
     np.testing.assert_array_equal(times, t[-1] + FIVE_MIN * np.arange(1, 4))
+    np.testing.assert_array_equal(bars, times)
     assert from_data.tolist() == [True, False, False] and user == {}
     ones = np.ones(3)
     calendar = derive_features(times, ones, ones, ones, ones, ones).known
     known = known_at(cfg, times, user)
     np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
+
+
+# --- the steps after the data follow the exchange's sessions (data.calendar) ------------------
+
+# a zone, one of its 2026 changes (a Sunday) and its cash session
+SESSIONS = [
+    ("America/New_York", "2026-03-08", ("09:30", "16:00")),
+    ("America/New_York", "2026-11-01", ("09:30", "16:00")),
+    ("America/Chicago", "2026-03-08", ("08:30", "15:00")),
+    ("America/Chicago", "2026-11-01", ("08:30", "15:00")),
+    ("Europe/London", "2026-03-29", ("08:00", "16:30")),
+    ("Europe/London", "2026-10-25", ("08:00", "16:30")),
+]
+
+
+def _days(day: str, n: int) -> str:
+    return (date.fromisoformat(day) + timedelta(days=n)).isoformat()
+
+
+@pytest.mark.parametrize(("zone", "change", "hours"), SESSIONS)
+def test_intraday_steps_after_the_data_continue_at_the_next_open(zone, change, hours):
+    """5-minute bars of the cash session, Monday to Friday, to the Friday before a change: the
+    steps after the data are Monday's first bars, after the change, as datetime and zoneinfo
+    place them; cut at Friday noon, the bars of that afternoon, then Monday's."""
+    history = session_times(zone, _days(change, -12), _days(change, -2), hours)
+    bars = Clock.of({"time_zone": zone})
+    times, from_data, _ = future_steps("SPX", history, None, 6, [], bars)
+    monday = session_times(zone, _days(change, 1), _days(change, 1), hours)
+    assert times.tolist() == monday[:6].tolist() and not from_data.any()
+    noon = session_times(zone, _days(change, -2), _days(change, -2), (hours[0], "12:00"))
+    cut = history[history <= noon[-1]]
+    n = int((history > noon[-1]).sum()) + 3
+    times, _, _ = future_steps("SPX", cut, None, n, [], bars)
+    assert times.tolist() == [*history[history > noon[-1]].tolist(), *monday[:3].tolist()]
+
+
+@pytest.mark.parametrize(("zone", "change", "hours"), SESSIONS)
+def test_daily_steps_keep_the_local_close_and_skip_weekends_and_holidays(zone, change, hours):
+    """Daily bars at the local close, Monday to Friday, to the Thursday before a change: the
+    steps after the data are the next weekdays at the local close across the change (not an
+    hour off), less a holiday given; `continuous` is the rule before data.calendar."""
+    close = (hours[1], hours[1][:-1] + "1")  # one bar a day, at the close
+    history = session_times(zone, _days(change, -40), _days(change, -3), close)
+    want = session_times(zone, _days(change, -2), _days(change, 20), close)[:8]
+    bars = Clock.of({"time_zone": zone})
+    assert future_steps("SPX", history, None, 8, [], bars)[0].tolist() == want.tolist()
+    holiday = Clock.of({"time_zone": zone, "holidays": [_days(change, 1)]})  # the Monday
+    monday = want[1]  # Friday, then Monday
+    got = future_steps("SPX", history, None, 7, [], holiday)[0]
+    assert got.tolist() == [t for t in want.tolist() if t != monday]
+    continuous = Clock.of({"time_zone": zone, "session": "continuous"})
+    day = 86_400 * 10**9
+    old = history[-1] + day * np.arange(1, 9)  # on Saturday and Sunday too, an hour off after
+    for clock in (continuous, None):
+        assert future_steps("SPX", history, None, 8, [], clock)[0].tolist() == old.tolist()
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Europe/London"])
+@pytest.mark.parametrize("month", [3, 10])
+def test_round_the_clock_bars_tick_through_a_change(zone, month):
+    """Bars every 5 minutes around the clock, ten days to the night of a change: the steps
+    after the data are every 5 minutes of UTC through it (the spring's skipped hour is never
+    a bar, the autumn's repeated hour is two hours of bars)."""
+    change = {(3, "America/New_York"): "2026-03-08", (10, "America/New_York"): "2026-11-01"}
+    change |= {(3, "Europe/London"): "2026-03-29", (10, "Europe/London"): "2026-10-25"}
+    end = np.datetime64(change[month, zone], "ns").astype(np.int64)
+    history = end - FIVE_MIN * np.arange(10 * 288)[::-1]
+    times, _, _ = future_steps("BTC", history, None, 400, [], Clock.of({"time_zone": zone}))
+    assert times.tolist() == (history[-1] + FIVE_MIN * np.arange(1, 401)).tolist()
+
+
+def test_known_inputs_after_the_data_are_on_the_data_calendar():
+    """known_at on a New York clock: the calendar of derive_features on that clock, not UTC's."""
+    cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
+    cfg.calendar.time_zone = "America/New_York"
+    times = session_times("America/New_York", "2026-03-06", "2026-03-09", ("15:50", "16:00"))
+    ones = np.ones(len(times))
+    clock = clock_of(cfg)
+    want = derive_features(times, ones, ones, ones, ones, ones, clock=clock).known
+    known = known_at(cfg, times, {})
+    np.testing.assert_array_equal(known, np.column_stack(list(want.values())))
+    utc = derive_features(times, ones, ones, ones, ones, ones).known
+    assert not np.allclose(known, np.column_stack(list(utc.values())))
+
+
+def test_a_model_from_before_the_calendar_predicts_as_it_did(tmp_path):
+    """A run config without data.calendar (a model trained before it): UTC, the close at
+    20:00, every bar interval continued; with one, the run's own; without any config, as
+    before it too."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    old = {"data": {"path": "bars.parquet", "features": "ohlcv", "group_column": "symbol"}}
+    OmegaConf.save(OmegaConf.create(old), run / ".hydra" / "config.yaml")
+    export = run / "checkpoints" / "model_fp32.safetensors"  # its run's config is read
+    assert clock_of(training_data_config(export)) == Clock()
+    old["data"]["calendar"] = {"time_zone": "America/Chicago", "close": "15:00"}
+    OmegaConf.save(OmegaConf.create(old), run / ".hydra" / "config.yaml")
+    chicago = clock_of(training_data_config(export))
+    assert (chicago.time_zone, chicago.close_min, chicago.session) == (
+        "America/Chicago",
+        900,
+        "bars",
+    )
+    calendar = ["tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close"]
+    schema = DataSchema(["logret_2"], calendar, [], [], "log_return", "return", 16, 4)
+    assert clock_of(_schema_data_config(schema)) == Clock()
 
 
 def _predict_tail(trained, tmp_path, out, *extra):

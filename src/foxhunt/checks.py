@@ -9,6 +9,9 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from foxhunt_serve.clock import Clock
+from foxhunt_serve.errors import InputError
+
 from foxhunt.errors import ConfigError
 
 # torch.compile's modes, which model.compile also takes
@@ -46,6 +49,7 @@ def validate(cfg: Any) -> None:
     _check_fractions(cfg.data)
     _check_split(cfg.data.split)
     _check_inputs(cfg.data)
+    _check_calendar(cfg.data)
     _check(cfg.optim.lr > 0, f"optim.lr must be positive, got {cfg.optim.lr}")
     _check_memory(cfg.memory)
     _check_trainer(cfg.trainer)
@@ -117,6 +121,8 @@ def _check_fractions(d: Any) -> None:
         "data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1, "
         f"got {d.val_fraction} and {d.test_fraction}",
     )
+    share = getattr(d, "calibration_share", 0.0)
+    _check(0 <= share < 1, f"data.calibration_share must be in [0, 1), got {share}")
 
 
 def _check_split(sp: Any) -> None:
@@ -152,6 +158,14 @@ def _check_inputs(d: Any) -> None:
         features == "ohlcv" or d.target is not None,
         "data.target is required unless data.features=ohlcv",
     )
+
+
+def _check_calendar(d: Any) -> None:
+    """data.calendar.*: a time zone this machine knows, a close HH:MM, ISO holidays."""
+    try:
+        Clock.of(getattr(d, "calendar", None))
+    except InputError as exc:
+        raise ConfigError(f"data.calendar: {exc}") from None
 
 
 def _check_memory(mem: Any) -> None:

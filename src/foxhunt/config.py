@@ -134,6 +134,25 @@ class SplitConfig:
     test_end: str | None = None
 
 
+# the steps after the data: bars (the local times and weekdays the instrument had bars) or
+# continuous (every bar interval: the rule before data.calendar, that old checkpoints keep)
+Session = StrEnum("Session", ["bars", "continuous"])
+
+
+@dataclass
+class CalendarConfig:
+    """The exchange's clock (`foxhunt_serve.clock`): the time zone the calendar features are
+    computed in, the cash close, and the sessions the steps after the data follow."""
+
+    time_zone: str = "UTC"  # an IANA name: America/New_York, America/Chicago, Europe/London
+    # the cash close, HH:MM local (to_cash_close); null: 20:00 in UTC, 16:00 in another zone
+    # (New York's equity close; 15:00 for Chicago's equity index futures)
+    close: str | None = None
+    session: Session = Session.bars
+    # local dates with no session (2026-12-25): the steps after the data skip them
+    holidays: list[str] = field(default_factory=list)
+
+
 @dataclass
 class DataConfig:
     path: str = MISSING
@@ -152,9 +171,14 @@ class DataConfig:
     known_features: list[str] = field(default_factory=list)
     static_features: list[str] = field(default_factory=list)
     ohlcv: OhlcvConfig = field(default_factory=OhlcvConfig)
+    calendar: CalendarConfig = field(default_factory=CalendarConfig)
     encoder_length: int = 64
     prediction_length: int = 8
     val_fraction: float = 0.15  # of the common timeline (all instruments' distinct times)
+    # the last share of the validation period's dates, kept out of validation (early stopping,
+    # the checkpoint's choice) for the conformal calibration alone: a calibration set the model
+    # was not chosen on (0: calibrate on the validation windows themselves)
+    calibration_share: float = 0.0
     test_fraction: float = 0.15
     split: SplitConfig = field(default_factory=SplitConfig)
     futures: FuturesConfig = field(default_factory=FuturesConfig)
@@ -182,6 +206,9 @@ class ModelConfig:
     highway: bool = True
     # quantiles in order by construction (foxhunt.models.blocks.MonotoneQuantiles)
     monotone: bool = True
+    # the highway added before the monotone head, one weight per quantile: the order of the
+    # models trained before #45 (false: one forecast added after it, to every quantile alike)
+    highway_first: bool = False
     # torch.compile the model (inductor): auto (the measured default of the device it trains
     # on, foxhunt.training.module.COMPILE_BY_DEVICE), true, false, or one of torch.compile's
     # modes (foxhunt.checks.COMPILE_MODES; reduce-overhead: CUDA graphs); not part of the

@@ -12,9 +12,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve.features import calendar
 
 from foxhunt.app.report_markdown import data_section as _data_section
+from foxhunt.config import CalendarConfig
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.features import KNOWN_CALENDAR, clock_of
 from foxhunt.data.read import TIME_UNITS, load_table
 from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, DataError
@@ -474,3 +477,19 @@ def test_features_all_names_the_columns_it_skips(tmp_path, data_cfg, caplog, laz
         in _data_section(dm)
     )
     assert set_up(with_(cfg, features=["f1"])).schema.skipped == {}
+
+
+def test_the_known_inputs_are_the_calendar_of_the_exchange_clock(es_sample, data_cfg):
+    """data.calendar.time_zone=America/Chicago: each series' known inputs (what the splits, and
+    a backtest's folds, cut windows from) are the calendar in Chicago time; eager and lazy
+    give the same windows, and not UTC's."""
+    chicago = CalendarConfig(time_zone="America/Chicago", close="15:00")
+    cfg = with_(ohlcv_cfg(data_cfg, es_sample), calendar=chicago)
+    clock = clock_of(cfg)
+    for s in load_table(pq.read_table(es_sample), cfg).series:
+        want = np.column_stack([calendar(s.time_ns, k, clock) for k in KNOWN_CALENDAR])
+        assert np.array_equal(s.known, want.astype(s.known.dtype)), s.name
+    eager = set_up(with_(cfg, lazy=False)).datasets["train"].inputs
+    assert torch.equal(set_up(with_(cfg, lazy=True)).datasets["train"].inputs, eager)
+    utc = set_up(with_(ohlcv_cfg(data_cfg, es_sample), lazy=False)).datasets["train"].inputs
+    assert utc.shape == eager.shape and not torch.equal(utc, eager)

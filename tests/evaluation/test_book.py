@@ -99,8 +99,8 @@ def test_the_book_trades_execution_lag_bars_after_the_forecast():
 
 def test_each_date_holds_the_top_and_bottom_names_in_weights_that_sum_as_said():
     """Staggered listings: names list and delist (NaN forecasts) over the dates; each date's
-    k = max(1, floor(top x names present)) longs sum to +1/2, its shorts to -1/2, the longs being the
-    highest forecasts; risk weights lean to the quieter names."""
+    k = max(1, floor(top x names present)) longs sum to +1/2, its shorts to -1/2, the longs
+    being the highest forecasts; risk weights lean to the quieter names."""
     rng = np.random.default_rng(2)
     returns, forecast = planted(dates=120, names=23)
     returns[:, :5] *= 4  # five loud names

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -372,23 +374,83 @@ def test_lstms_under_cpu_bf16_autocast_run_as_onednn_can(monkeypatch, onednn_bf1
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(0.01, 100.0), highway=st.booleans())
-def test_monotone_quantiles_never_cross_for_any_weights(seed: int, scale: float, highway: bool):
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.floats(0.01, 100.0),
+    highway=st.booleans(),
+    highway_first=st.booleans(),
+)
+def test_monotone_quantiles_never_cross_for_any_weights(
+    seed: int, scale: float, highway: bool, highway_first: bool
+):
     torch.manual_seed(seed)
     quantiles = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
-    model, x = build("statics", quantiles=quantiles, monotone=True, highway=highway)
-    with torch.no_grad():
-        for p in model.parameters():  # any weights, far from an initialisation
-            p.copy_(torch.randn_like(p) * scale)
+    model, x = build(
+        "statics", quantiles=quantiles, monotone=True, highway=highway, highway_first=highway_first
+    )
+    randomize(model, scale)
     for train in (True, False):
         out = model.train(train)(x)
         assert (out.diff(dim=-1) >= 0).all()
     # the independent heads of Lim et al. (monotone=False) with the same weights do cross
-    plain = TemporalFusionTransformer(
-        **{**model_kwargs("statics"), "quantiles": quantiles, "highway": highway}
+    plain = TemporalFusionTransformer(**{**model_kwargs("statics"), "quantiles": quantiles})
+    plain.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if not k.startswith("highway.")}
     )
-    plain.load_state_dict(model.state_dict())
     assert (plain.eval()(x).diff(dim=-1) < 0).any()
+
+
+def randomize(model: torch.nn.Module, scale: float = 1.0) -> None:
+    """Any weights, far from an initialisation (the highway's zeros included)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+
+
+QUANTILES_7 = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
+
+
+@pytest.mark.parametrize("monotone", [True, False])
+def test_the_highway_is_a_linear_forecast_added_to_every_quantile_output(monotone: bool) -> None:
+    torch.manual_seed(0)
+    model, x = build("statics", quantiles=QUANTILES_7, monotone=monotone, highway=True)
+    randomize(model)
+    model.eval()
+    horizon, n_q = model.prediction_length, len(QUANTILES_7)
+    # monotone: one forecast per step after the monotone head; else one per independent head
+    assert model.highway.last_row.out_features == horizon * (1 if monotone else n_q)
+    with torch.no_grad():
+        highway = model.highway(x["encoder_cont"][:, -1], x["decoder_known"])
+        out = model(x)
+        body = copy.deepcopy(model)
+        body.highway = None
+        without = body(x)
+    assert highway.shape[-1] == (1 if monotone else n_q) and highway.abs().min() > 0
+    assert torch.equal(out, without + highway)  # the same value on every quantile, or one each
+    if monotone:
+        assert (out.diff(dim=-1) >= 0).all()
+
+
+def test_the_old_order_adds_the_highway_before_the_monotone_head() -> None:
+    # the models saved before #45 (UNSAVED_DEFAULTS): one highway weight per quantile, then
+    # the monotone head
+    torch.manual_seed(0)
+    model, x = build("statics", quantiles=QUANTILES_7, monotone=True, highway=True)
+    old, _ = build(
+        "statics", quantiles=QUANTILES_7, monotone=True, highway=True, highway_first=True
+    )
+    assert old.highway.last_row.out_features == old.prediction_length * len(QUANTILES_7)
+    assert tft.UNSAVED_DEFAULTS["highway_first"] is True
+    randomize(old)
+    old.eval()
+    heads = []
+    old.output_layer.register_forward_hook(lambda m, args, out: heads.append(out))
+    with torch.no_grad():
+        got = old(x)
+        highway = old.highway(x["encoder_cont"][:, -1], x["decoder_known"])
+    assert torch.equal(got, old.monotone(heads[0] + highway))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        model.load_state_dict(old.state_dict())  # a different model, not a silent reshape
 
 
 def model_kwargs(name: str) -> dict:

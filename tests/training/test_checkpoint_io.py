@@ -17,12 +17,16 @@ from safetensors import safe_open
 
 import foxhunt
 from foxhunt.app.train import train
+from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic
+from foxhunt.precision.fp32 import export_weights, load_weights
 from foxhunt.quantization import load_int8
+from foxhunt.training.module import model_init
 from tests.helpers import (
     ROOT,
     compose_train,
+    make_batch,
     make_table,
     read_only,
     run_cli,
@@ -122,6 +126,38 @@ def test_a_checkpoint_with_an_unknown_hyper_parameter_is_one_refusal_everywhere(
         result = run_cli(*args, f"hydra.run.dir={tmp_path / command}", cwd=tmp_path, script=command)
         assert result.returncode == 2, (command, result.stderr[-2000:])
         assert result.stderr.count("\n") == 1 and f"carry {shown}," in result.stderr, result.stderr
+
+
+def test_a_model_saved_with_the_highway_before_the_monotone_head_loads_as_it_was(
+    tiny_run, tmp_path
+):
+    # a checkpoint and an fp32 export saved before #45: no highway_first key, the highway one
+    # weight per quantile, added before the monotone head
+    ckpt = torch.load(tiny_run.ckpt, weights_only=True)
+    hparams = ckpt["hyper_parameters"]
+    del hparams["model"]["highway_first"]
+    n_q = len(hparams["model"]["quantiles"])
+    gen = torch.Generator().manual_seed(0)
+    for key in [k for k in ckpt["state_dict"] if k.startswith("model.highway.")]:
+        rows, *rest = ckpt["state_dict"][key].shape
+        ckpt["state_dict"][key] = torch.randn(rows * n_q, *rest, generator=gen) / 10
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    model = foxhunt.load(old, device="cpu").model
+    assert model.highway.last_row.out_features == model.prediction_length * n_q
+    batch = make_batch(model, cardinalities=(len(hparams["schema"]["groups"]),))
+    heads = []
+    model.output_layer.register_forward_hook(lambda m, args, out: heads.append(out))
+    with torch.no_grad():
+        got = model(batch)
+        highway = model.highway(batch["encoder_cont"][:, -1], batch["decoder_known"])
+    assert torch.equal(got, model.monotone(heads[0] + highway))  # the old order, bit for bit
+    schema = DataSchema.from_dict(hparams["schema"])
+    init = model_init(hparams["model"], schema)
+    assert init.pop("highway_first") is True
+    export_weights(model, init, tmp_path / "old.safetensors", hparams["schema"])
+    with torch.no_grad():
+        assert torch.equal(load_weights(tmp_path / "old.safetensors")[0](batch), got)
 
 
 @pytest.mark.slow  # 4 CPU-s: the full tier

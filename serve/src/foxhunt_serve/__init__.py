@@ -16,7 +16,8 @@ The steps, one module each:
 3. `series` and `features`: per instrument, the NaN policy, the features (columns, or derived
    from the OHLCV bars and the time), the warm-up rows dropped;
 4. `windows`: the encoder rows and the forecast steps' known inputs (given in the rows to
-   forecast, or the calendar of times continued at the bar interval), normalized;
+   forecast, or the calendar of times continued at the bar interval in the instrument's
+   sessions: `clock`, which also gives the local time the calendar is read in), normalized;
 5. `forecast`: ONNX Runtime over batches; `calibration`: model.json's conformal offsets (CQR,
    or ACI adapting them to the realized targets in the data), the quantiles put in order;
    then scaled back.

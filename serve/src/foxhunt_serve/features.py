@@ -25,13 +25,16 @@ Observed families (a feature is named ``<family>_<w>``)
                 return in units of its standard error; 0 where ``sqrt(w) * rvol_w <= 1e-12``;
                 NaN for ``t < w``.
 
-Calendar features (known in advance), from the bar's time in UTC, never NaN
+Calendar features (known in advance), from the bar's local time in the exchange's time zone
+(`foxhunt_serve.clock.Clock`, model.json's ``data.calendar``; UTC without one), never NaN
     ``tod_sin``, ``tod_cos``   ``sin``/``cos`` of ``2 pi s / 86400``, ``s`` the seconds since
-                               midnight.
-    ``dow_sin``, ``dow_cos``   ``sin``/``cos`` of ``2 pi d / 7``, ``d`` the weekday (Monday 0).
-    ``to_cash_close``          signed minutes to the US cash close at 20:00 UTC,
-                               ``((1200 - s / 60 + 720) mod 1440 - 720) / 720``: 0 at the close,
-                               positive before it, jumping from -1 to +1 at 08:00 UTC.
+                               local midnight.
+    ``dow_sin``, ``dow_cos``   ``sin``/``cos`` of ``2 pi d / 7``, ``d`` the local weekday
+                               (Monday 0).
+    ``to_cash_close``          signed minutes to the cash close at local minute ``C`` (``close``;
+                               20:00 = 1200 in UTC), ``((C - s / 60 + 720) mod 1440 - 720) / 720``:
+                               0 at the close, positive before it, jumping from -1 to +1 twelve
+                               hours after it.
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ import math
 
 import numpy as np
 
+from foxhunt_serve.clock import Clock
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.read import DAY_NS
 
 FAMILIES = ("logret", "rvol", "volz", "range", "clv", "mom")  # the observed ones, in order
 CALENDAR = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")
-CASH_CLOSE_MIN = 20 * 60  # 20:00 UTC
+CASH_CLOSE_MIN = 20 * 60  # 20:00: the close in UTC (data.calendar.close's default there)
 
 
 def warmup(family: str, w: int) -> int:
@@ -171,8 +175,11 @@ class Ohlcv:
         return val
 
 
-def calendar(t: np.ndarray, name: str) -> np.ndarray:
-    """A calendar feature of int64 ns UTC times (the module docstring), as float32."""
+def calendar(t: np.ndarray, name: str, clock: Clock | None = None) -> np.ndarray:
+    """A calendar feature of int64 ns UTC times (the module docstring) on `clock` (None: UTC,
+    the close at 20:00), as float32."""
+    close_min = CASH_CLOSE_MIN if clock is None else clock.close_min
+    t = t if clock is None else clock.local(t)
     day = np.floor_divide(t, DAY_NS)
     sec = (t - day * DAY_NS) / 1e9
     if name in ("tod_sin", "tod_cos"):
@@ -182,7 +189,7 @@ def calendar(t: np.ndarray, name: str) -> np.ndarray:
         dow = 2.0 * np.pi * ((day + 3) % 7) / 7.0  # 1970-01-01 was a Thursday; Monday 0
         val = np.sin(dow) if name == "dow_sin" else np.cos(dow)
     elif name == "to_cash_close":
-        val = (np.mod(CASH_CLOSE_MIN - sec / 60.0 + 720.0, 1440.0) - 720.0) / 720.0
+        val = (np.mod(close_min - sec / 60.0 + 720.0, 1440.0) - 720.0) / 720.0
     else:
         raise InputError(f"no calendar feature {name} in foxhunt_serve.features")
     return val.astype(np.float32)

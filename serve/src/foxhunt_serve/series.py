@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from foxhunt_serve.clock import Clock
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
@@ -95,6 +96,7 @@ def _inputs(
     """The target and every observed and known input, by name (float64), from the columns:
     a column itself, a derived OHLCV feature, or the calendar of the time."""
     ohlcv, bars = meta["data"]["ohlcv"], None
+    clock = Clock.of(meta["data"].get("calendar"))
     if ohlcv is not None:
         bars = Ohlcv(*(cols[ohlcv[p]] for p in ("high", "low", "close", "volume")))
     made = {}
@@ -106,7 +108,7 @@ def _inputs(
         elif spec["source"] == "derived":
             made[feature] = bars.feature(spec["family"], spec.get("window", 1)).astype(float)
         else:
-            made[feature] = calendar(t, feature).astype(float)
+            made[feature] = calendar(t, feature, clock).astype(float)
         if not np.isfinite(made[feature][warmup:]).all():
             raise InputError(f"feature {feature} is not finite in {name}")
     return made

@@ -24,6 +24,7 @@ from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError
 from foxhunt.memory.callbacks import memory_callbacks
 from foxhunt.memory.search import BatchSizeSearch
+from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.threads import ShareCpus
@@ -99,15 +100,15 @@ def check_same_model(
     hparams: dict[str, Any], model_cfg: dict[str, Any], precision: Precision
 ) -> None:
     """A checkpoint resumes only into the model (and precision family) it was trained as."""
+    # a key the checkpoint lacks as its model was built (the override that resumes it)
+    trained_as = {**UNSAVED_DEFAULTS, **hparams["model"]}
     changed = [
-        k
-        for k in model_cfg
-        if k not in RUNTIME_MODEL_KEYS and hparams["model"].get(k) != model_cfg[k]
+        k for k in model_cfg if k not in RUNTIME_MODEL_KEYS and trained_as.get(k) != model_cfg[k]
     ]
     if changed:
         raise ConfigError(
             "the checkpoint was trained with a different model: "
-            + ", ".join(f"model.{k}={hparams['model'].get(k)!r}" for k in changed)
+            + ", ".join(f"model.{k}={trained_as.get(k)!r}" for k in changed)
         )
     trained = precision_of(hparams)
     if not trained.same_family(precision):

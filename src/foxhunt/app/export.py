@@ -10,7 +10,8 @@
   model's quantile order;
 - model.json: what a runtime without foxhunt needs to make those inputs from bars and read the
   output: each input's features in order, where each comes from (a column, a family and window
-  of `foxhunt_serve.features`, the code that computes it, or a calendar encoding of the time)
+  of `foxhunt_serve.features`, the code that computes it, or a calendar encoding of the time
+  on the exchange's clock, `data.calendar`)
   and its normalization (`foxhunt.data.serving`); the instruments, window
   lengths, quantiles, the columns read and the NaN policy, the futures roll; the parity of
   ONNX Runtime against the PyTorch model, measured here before anything is written.

@@ -17,6 +17,8 @@ from foxhunt.run.dir import RunDir
 from foxhunt.training.checkpoint_io import read_checkpoint
 
 log = logging.getLogger(__name__)
+# a model trained before data.calendar: UTC (the default) and every bar interval continued
+BEFORE_CALENDAR = {"calendar": {"session": "continuous"}}
 
 
 def run_device(name: str, key: str = "device") -> torch.device:
@@ -50,7 +52,8 @@ def training_data_config(ckpt_path: Path) -> DictConfig | None:
         return None
     # onto today's defaults: a run made before a data key existed lacks it
     known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), known)
+    before = {} if "calendar" in known else BEFORE_CALENDAR
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), before, known)
 
 
 def data_changes(data: DictConfig, overrides: list[str]) -> tuple[bool, dict[str, Any]]:

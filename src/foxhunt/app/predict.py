@@ -12,7 +12,8 @@ The forecast of a window starts after its last encoder row (the origin). Its kno
 come from rows after an instrument's last target value (target empty, known inputs filled), or,
 when every known input is a calendar encoding of the time (features=ohlcv, no
 data.known_features), from times continued at the instrument's bar interval (the most common
-step): such steps assume no session gap, and their target_time is null.
+step) in its sessions (data.calendar.session, `foxhunt_serve.clock`: bars skips the local times
+and weekdays its history never had a bar at), and their target_time is null.
 
 The quantiles are calibrated as the training run calibrated them on its validation windows
 (the checkpoint's or export's `calibration`; `foxhunt.evaluation.calibration`): CQR's static
@@ -39,11 +40,11 @@ from foxhunt_serve import windows as serving
 from foxhunt_serve.forecast import output, rows_of
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import run_device, training_data_config
+from foxhunt.app.inference import BEFORE_CALENDAR, run_device, training_data_config
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import resolve_intraday
-from foxhunt.data.features import KNOWN_CALENDAR
+from foxhunt.data.features import KNOWN_CALENDAR, clock_of
 from foxhunt.data.horizon import Future, known_at, split_future
 from foxhunt.data.names import resolve_names
 from foxhunt.data.read import Series, load_table
@@ -55,6 +56,7 @@ from foxhunt.errors import CheckpointError, ConfigError, DataError, data_errors
 from foxhunt.evaluation.calibration import METHODS, Calibration
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
+from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import precision_of
 from foxhunt.precision.fp32 import load_weights
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
@@ -160,8 +162,8 @@ def _from_export(
             "it): predict from the checkpoint it came from (best-*.ckpt beside it)"
         )
     model_cfg = {k: meta["init"][k] for k in MODEL_KEYS}
-    model_cfg["highway"] = meta["init"].get("highway", False)  # exports before it have none
-    model_cfg["monotone"] = meta["init"].get("monotone", False)  # nor before this
+    # the keys an export made before them lacks, as it was built
+    model_cfg |= {k: meta["init"].get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()}
     schema = DataSchema.from_dict(meta["schema"])
     fitted = meta.get("calibration")
     if path.suffix == ".safetensors" and meta.get("format") != INT8_FORMAT:
@@ -207,7 +209,7 @@ def _schema_data_config(schema: DataSchema) -> DictConfig:
         d = {"features": list(schema.observed), "target": schema.target}
         d["known_features"] = list(schema.known)
     d |= {"static_features": list(schema.static), "target_kind": schema.target_kind}
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), d)
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), BEFORE_CALENDAR, d)
 
 
 # --- windows ---------------------------------------------------------------------------------
@@ -268,10 +270,11 @@ def _cut(
     e, h = schema.encoder_length, schema.prediction_length
     known_from = 1 + len(loaded.observed)  # the first known input's column
     cut, builder = serving.Cut(e, h, all_windows), WindowBuilder(["predict"])
+    clock = clock_of(cfg)
     for s in series:
         given = future.get(s.name)
         times, from_data, user = serving.future_steps(
-            s.name, s.time_ns, given, h, list(cfg.known_features)
+            s.name, s.time_ns, given, h, list(cfg.known_features), clock
         )
         origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)
         if len(origins) == 0:

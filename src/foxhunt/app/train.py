@@ -286,7 +286,7 @@ def evaluate_test(
     datamodule: ParquetDataModule = trainer.datamodule
     quantiles = list(cfg.model.quantiles)  # exact: the module's buffer is float32
     raw, model_crossing = _test_forecasts(trainer, module, test_loss, cfg)
-    val_pred, _ = forecast_split(trainer, module, "val")
+    val_pred, _ = forecast_split(trainer, module, "calibration")
     done = evaluate_run(
         datamodule.datasets,
         datamodule.schema,
@@ -363,11 +363,16 @@ def forecast_split(
     trainer: L.Trainer, module: L.LightningModule, split: str = "test"
 ) -> tuple[np.ndarray, float | None]:
     """[windows, H, Q] the module's quantile forecasts (normalized units) of every window of
-    `split` (test or val), in the dataset's order: the unsharded loader (rank 0 forecasts them
-    all), under the Trainer's precision and grad mode, as the test step made them. And the share
-    of steps whose quantiles crossed (none with model.monotone; a model trained before it may)."""
+    `split` (test, val, or calibration: the windows calibration fits on), in the dataset's
+    order: the unsharded loader (rank 0 forecasts them all), under the Trainer's precision and
+    grad mode, as the test step made them. And the share of steps whose quantiles crossed
+    (none with model.monotone; a model trained before it may)."""
     datamodule = trainer.datamodule
-    loaders = {"test": datamodule.test_dataloader, "val": datamodule.val_dataloader}
+    loaders = {
+        "test": datamodule.test_dataloader,
+        "val": datamodule.val_dataloader,
+        "calibration": datamodule.calibration_dataloader,
+    }
     preds = []
     was_training = module.training
     module.eval()
@@ -378,7 +383,9 @@ def forecast_split(
             preds.append(validation_forward(module.model, batch).float().cpu())
     module.train(was_training)
     pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
-    assert len(pred) == len(datamodule.datasets[split]), f"the {split} loader skipped windows"
+    windows = datamodule.calibration_dataloader().dataset if split == "calibration" else None
+    windows = windows if windows is not None else datamodule.datasets[split]
+    assert len(pred) == len(windows), f"the {split} loader skipped windows"
     return pred, crossing_rate(pred)
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from foxhunt_serve.clock import Clock
 
-from foxhunt.data.features import OhlcvSpec, feature_names, ohlcv_spec
+from foxhunt.data.features import OhlcvSpec, clock_of, feature_names, ohlcv_spec
 from foxhunt.data.source import one_line
 from foxhunt.errors import DataError
 
@@ -210,6 +211,7 @@ class ColumnPlan:
     values: list[str]  # the numeric columns read
     spec: OhlcvSpec | None
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
+    clock: Clock  # data.calendar: the time zone the calendar features are computed in
 
 
 def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
@@ -228,4 +230,5 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
         values=values,
         spec=ohlcv_spec_of(cfg),
         skipped=skipped_columns(dataset.schema, cfg),
+        clock=clock_of(cfg),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -157,6 +158,8 @@ class ParquetDataModule(L.LightningDataModule):
         self.datasets = arrays.datasets(
             cfg.encoder_length, cfg.prediction_length, bool(cfg.group_column)
         )
+        if getattr(cfg, "calibration_share", 0) and len(self.datasets["val"]):
+            self._hold_out(float(cfg.calibration_share))
         self.schema = schema
         for split in SPLITS:
             empty = [n for n, spans in self.splits["instruments"].items() if spans[split] is None]
@@ -219,6 +222,28 @@ class ParquetDataModule(L.LightningDataModule):
             persistent_workers=self.cfg.num_workers > 0,
         )
 
+    def _hold_out(self, share: float) -> None:
+        """The validation windows whose first target falls in the last `share` of the
+        validation period's dates become the calibration windows (datasets["calibration"]):
+        validation, which stops training and picks the checkpoint, keeps the earlier ones."""
+        val = self.datasets["val"]
+        first = val.target_times(np.arange(len(val)))[:, 0]
+        dates = np.unique(first)
+        cut = dates[min(len(dates) - 1, int(np.floor(len(dates) * (1 - share))))]
+        if not (first < cut).any():
+            raise DataError(
+                f"data.calibration_share={share} leaves no validation window to stop on: "
+                "lower it or raise data.val_fraction"
+            )
+        self.datasets["calibration"] = val.subset(first >= cut)
+        self.datasets["val"] = val.subset(first < cut)
+        log.info(
+            "data: %d validation windows, %d calibration windows (from %s on)",
+            len(self.datasets["val"]),
+            len(self.datasets["calibration"]),
+            np.datetime64(int(cut), "ns"),
+        )
+
     def train_dataloader(self) -> DataLoader:
         loader = self._loader("train", shuffle=True)
         if self.resume_at is not None:  # restored from a checkpoint written mid-epoch
@@ -231,6 +256,12 @@ class ParquetDataModule(L.LightningDataModule):
 
     def test_dataloader(self, sharded: bool = True) -> DataLoader:
         return self._loader("test", shuffle=False, sharded=sharded)
+
+    def calibration_dataloader(self, sharded: bool = False) -> DataLoader:
+        """The windows the conformal calibration is fitted on: data.calibration_share's held
+        out ones, else the validation windows."""
+        split = "calibration" if "calibration" in self.datasets else "val"
+        return self._loader(split, shuffle=False, sharded=sharded)
 
 
 def _fraction(cfg: Any, split: str) -> float:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from foxhunt_serve.clock import Clock
+from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 
 from foxhunt.errors import ConfigError, DataError, data_errors
@@ -42,6 +44,7 @@ __all__ = [
     "feature_plan",
     "warmup_of",
     "derive_features",
+    "clock_of",
 ]
 
 KNOWN_CALENDAR: tuple[str, ...] = CALENDAR
@@ -197,6 +200,17 @@ class DerivedFeatures:
     warmup: int = 1
 
 
+def clock_of(cfg: Any) -> Clock:
+    """data.calendar as the serving core's clock (`foxhunt_serve.clock`): the time zone the
+    calendar features are computed in, the cash close, the sessions of the steps after the
+    data. A data config without one (a checkpoint's from before it): UTC, the close at 20:00,
+    every bar interval continued, as such a model was trained and predicted."""
+    try:
+        return Clock.of(getattr(cfg, "calendar", None))
+    except InputError as exc:
+        raise ConfigError(f"data.calendar: {exc}") from None
+
+
 def _time_ns(time_ns: np.ndarray) -> np.ndarray:
     t = np.asarray(time_ns)
     if t.dtype.kind == "M":
@@ -214,11 +228,13 @@ def derive_features(
     close: np.ndarray,
     volume: np.ndarray,
     spec: OhlcvSpec | Mapping[str, Any] | None = None,
+    clock: Clock | None = None,
 ) -> DerivedFeatures:
     """Derive the features of ``spec`` from one instrument's contiguous OHLCV arrays.
 
-    ``time_ns`` are int64 UTC nanoseconds (or datetime64). Every output row ``t`` depends on
-    input rows ``<= t`` only. Rows ``[:warmup]`` contain NaN and are meant to be dropped.
+    ``time_ns`` are int64 UTC nanoseconds (or datetime64); the calendar features are read on
+    ``clock`` (None: in UTC, the close at 20:00). Every output row ``t`` depends on input rows
+    ``<= t`` only. Rows ``[:warmup]`` contain NaN and are meant to be dropped.
     """
     if spec is None:
         spec = OhlcvSpec()
@@ -242,7 +258,7 @@ def derive_features(
     with data_errors():  # the serving core's definitions (foxhunt_serve.features)
         bars = Ohlcv(hi, lo, c, arrays["volume"])
         observed = {f"{fam}_{w}": bars.feature(fam, w) for fam, w in obs_plan}
-    known = {k: calendar(t, k) for k in known_names}
+    known = {k: calendar(t, k, clock) for k in known_names}
     return DerivedFeatures(
         observed=observed,
         known=known,

@@ -13,7 +13,7 @@ from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future
 
 from foxhunt.data.columns import ohlcv_spec_of
-from foxhunt.data.features import feature_plan
+from foxhunt.data.features import clock_of, feature_plan
 from foxhunt.data.read import stack_columns
 from foxhunt.data.serving import data_section
 from foxhunt.errors import data_errors
@@ -31,9 +31,9 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
 
 def known_at(cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray]) -> np.ndarray:
     """The model's known inputs [rows, known] at `time_ns` (bars after the data): with
-    features=ohlcv the calendar encodings derived from the time, then data.known_features
-    from `user_known`."""
-    spec = ohlcv_spec_of(cfg)
-    columns = [calendar(time_ns, k) for k in feature_plan(spec)[1]] if spec is not None else []
+    features=ohlcv the calendar encodings derived from the time (on data.calendar's clock),
+    then data.known_features from `user_known`."""
+    spec, clock = ohlcv_spec_of(cfg), clock_of(cfg)
+    columns = [calendar(time_ns, k, clock) for k in feature_plan(spec)[1]] if spec else []
     columns += [user_known[k] for k in cfg.known_features]
     return stack_columns(columns, len(time_ns))

@@ -141,7 +141,7 @@ def make_series(
     if plan.spec is not None:
         o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in OHLCV_FIELDS)
         try:
-            derived = derive_features(t, o, h, lo, c, v, plan.spec)
+            derived = derive_features(t, o, h, lo, c, v, plan.spec, plan.clock)
         except DataError as exc:
             raise DataError(f"{exc} in instrument {name}") from None
         w = derived.warmup

@@ -17,7 +17,7 @@ from foxhunt.data.columns import (
     futures_enabled,
     ohlcv_spec_of,
 )
-from foxhunt.data.features import feature_plan, warmup_of
+from foxhunt.data.features import clock_of, feature_plan, warmup_of
 from foxhunt.data.futures import futures_section
 from foxhunt.data.schema import DataSchema
 
@@ -25,7 +25,8 @@ from foxhunt.data.schema import DataSchema
 def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
     """How a file is read for this model: the columns and their roles, the numeric columns
     read (the NaN policy applies to each; with `schema`), the OHLCV columns and the warm-up
-    rows the derived features drop, the futures roll."""
+    rows the derived features drop, the futures roll, the exchange's clock (`calendar`: its
+    time zone, cash close, session rule and holidays)."""
     spec = ohlcv_spec_of(cfg)
     ohlcv = None
     if spec is not None:
@@ -41,6 +42,7 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
         "columns_read": None if schema is None else columns_read(cfg, schema),
         "ohlcv": ohlcv,
         "futures": futures_section(cfg) if futures_enabled(cfg) else None,
+        "calendar": clock_of(cfg).section(),
     }
     if schema is None:
         del section["columns_read"]

@@ -25,6 +25,7 @@ statistics, the schema made of them and the rows normalized with it."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,12 @@ class WindowDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    def subset(self, keep: np.ndarray) -> WindowDataset:
+        """The windows where `keep` [len(self)] is True, indexing the same tensors."""
+        out = copy.copy(self)
+        out.starts = self.starts[torch.from_numpy(np.asarray(keep, dtype=bool))]
+        return out
 
     def target_times(self, indices: np.ndarray) -> np.ndarray:
         """The target (decoder) rows' times [len(indices), prediction_length], int64 ns UTC."""

@@ -270,11 +270,15 @@ def calibrate_run(
     test_pred: np.ndarray,
     quantiles: list[float],
 ) -> tuple[Calibration, np.ndarray, dict[str, Any]]:
-    """A training run's calibration: fitted on the validation windows' forecasts `val_pred`,
+    """A training run's calibration: fitted on the forecasts `val_pred` of the calibration
+    windows (data.calibration_share's, held out of validation; else the validation windows),
     applied to the test windows' `test_pred` (ACI walking them in time order). Returns the
     calibration, the test forecasts it delivers and summary.json's `calibration` (each method's
     figures beside the model's own, whichever `settings.method` chose)."""
-    val, test = window_facts(datasets["val"], schema), window_facts(datasets["test"], schema)
+    held_out = "calibration" in datasets  # data.calibration_share: not chosen on
+    fitted_on = "calibration" if held_out else "validation"
+    val = window_facts(datasets["calibration" if held_out else "val"], schema)
+    test = window_facts(datasets["test"], schema)
     cal = fit(
         val_pred,
         val.actual,
@@ -285,6 +289,7 @@ def calibrate_run(
         bool(settings.per_instrument),
         int(settings.min_windows),
     )
+    cal.fitted_on = fitted_on
     every = {
         m: cal.apply(test_pred, test.instrument, test.actual, test.origin_ns, test.target_ns, m)
         for m in ("cqr", "aci")
@@ -296,7 +301,7 @@ def calibrate_run(
     summary = {
         "method": cal.method if cal.offsets else "none",
         "gamma": cal.gamma,
-        "fitted_on": "validation",
+        "fitted_on": fitted_on,
         "calibration_windows": cal.windows.get(POOLED, 0),
         "own_offsets": sorted(k for k in cal.offsets if k != POOLED),
         "offsets_by_horizon": cal.offsets[POOLED].tolist() if cal.offsets else None,

@@ -418,7 +418,8 @@ class InterpretableMultiHeadAttention(nn.Module):
 class Highway(nn.Module):
     """A linear forecast added to the quantile outputs: of the encoder's last row of inputs, one
     weight per horizon step and quantile, plus of each decoder step's known inputs, one weight
-    per quantile (LSTNet's autoregressive highway, Lai et al. 2018). Starts at zero."""
+    per quantile (LSTNet's autoregressive highway, Lai et al. 2018); num_quantiles=1: one
+    forecast for every quantile (after the monotone head). Starts at zero."""
 
     def __init__(self, num_inputs: int, num_known: int, horizon: int, num_quantiles: int) -> None:
         super().__init__()
@@ -431,7 +432,7 @@ class Highway(nn.Module):
         nn.init.zeros_(self.last_row.bias)
 
     def forward(self, last_row: Tensor, decoder_known: Tensor) -> Tensor:
-        """last_row [B, inputs], decoder_known [B, H, known] -> [B, H, Q]."""
+        """last_row [B, inputs], decoder_known [B, H, known] -> [B, H, num_quantiles]."""
         out = self.last_row(last_row).unflatten(-1, (self.horizon, -1))  # no fixed batch
         return out if self.known is None else out + self.known(decoder_known)
 

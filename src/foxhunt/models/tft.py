@@ -26,9 +26,10 @@ from foxhunt.models.blocks import (
     VariableSelectionNetwork,
 )
 
-# what a model saved by foxhunt 0.1 (its checkpoints, exports and int8 files) was built without:
-# blocks added since, absent from its constructor arguments, so off as it was trained
-BEFORE_0_2 = {"highway": False, "monotone": False}
+# the constructor arguments a model saved before they existed (its checkpoint, fp32 or int8
+# export) lacks, as it was built: foxhunt 0.1 had no highway (#25) and no monotone head (#28);
+# until #45 the highway was added before the monotone head, one weight per quantile
+UNSAVED_DEFAULTS = {"highway": False, "monotone": False, "highway_first": True}
 
 
 class TemporalFusionTransformer(nn.Module):
@@ -48,10 +49,16 @@ class TemporalFusionTransformer(nn.Module):
     (LSTNet's autoregressive highway, Lai et al. 2018). Every input reaches the TFT's body through
     per-variable LayerNorms and gates, which bound its embedding: a forecast linear in an
     input's size (an AR(1) return, a predictive column) is then slow to learn (docs/model.md
-    measures it). Zero at initialisation, so training starts from the plain TFT.
+    measures it). Zero at initialisation, so training starts from the plain TFT. With
+    ``monotone`` it is one forecast per horizon step added to the monotone head's quantiles (a
+    shift, which keeps them in order); without, one per quantile added to the independent heads.
 
     ``monotone`` (not in Lim et al.) makes the quantile outputs non-decreasing in the level for
     any weights (`MonotoneQuantiles`): the quantiles must then be given in increasing order.
+
+    ``highway_first``: the order of the models saved before #45 (``UNSAVED_DEFAULTS``), which
+    load as they were: the highway, one weight per quantile, added to the head's values before
+    the monotone head, so that away from the median it passes through a gap's softplus.
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class TemporalFusionTransformer(nn.Module):
         quantiles: Sequence[float],
         highway: bool,
         monotone: bool,
+        highway_first: bool,
     ) -> None:
         super().__init__()
         if min(num_observed, num_known, num_static_real) < 0:
@@ -105,7 +113,7 @@ class TemporalFusionTransformer(nn.Module):
         self._build_static_encoders(dropout)
         self._build_lstms(dropout)
         self._build_attention(num_heads, dropout)
-        self._build_head(highway, monotone)
+        self._build_head(highway, monotone, highway_first)
 
     def _build_inputs(self, static_cardinalities: Sequence[int], variable_dim: int) -> None:
         """Input transformations (sec. 4.2). One prescaler per time-varying real, shared by the
@@ -159,13 +167,20 @@ class TemporalFusionTransformer(nn.Module):
         # No dropout this close to the output, as in pytorch-forecasting.
         self.pre_output_gate_norm = GateAddNorm(h, h, None)
 
-    def _build_head(self, highway: bool, monotone: bool) -> None:
+    def _build_head(self, highway: bool, monotone: bool, highway_first: bool) -> None:
         """Quantile outputs (sec. 4.6), with the highway and the monotone head if asked for."""
         n_quantiles = len(self.quantiles)
         self.output_layer = nn.Linear(self.hidden_dim, n_quantiles)
         n_inputs = self.num_observed + self.num_known
+        # after the monotone head, one forecast shifts every quantile alike
+        self.highway_after = monotone and not highway_first
         self.highway = (
-            Highway(n_inputs, self.num_known, self.prediction_length, n_quantiles)
+            Highway(
+                n_inputs,
+                self.num_known,
+                self.prediction_length,
+                1 if self.highway_after else n_quantiles,
+            )
             if highway
             else None
         )
@@ -288,10 +303,13 @@ class TemporalFusionTransformer(nn.Module):
     ) -> Tensor:
         """The quantile predictions [B, H, Q] from the decoder's output (sec. 4.6)."""
         prediction = self.output_layer(output)
-        if self.highway is not None:
-            prediction = prediction + self.highway(encoder_cont[:, -1], decoder_known)
+        highway = None if self.highway is None else self.highway(encoder_cont[:, -1], decoder_known)
+        if highway is not None and not self.highway_after:
+            prediction = prediction + highway
         if self.monotone is not None:
             prediction = self.monotone(prediction)
+        if highway is not None and self.highway_after:
+            prediction = prediction + highway  # [B, H, 1]: the same on every quantile
         return prediction
 
     def _lstm(self, encoder_input: Tensor, decoder_input: Tensor, h0: Tensor, c0: Tensor):  # noqa: ANN202

@@ -10,7 +10,7 @@ import torch
 
 from foxhunt.errors import CheckpointError
 from foxhunt.files import read_export, write_export
-from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
+from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
 from foxhunt.precision.base import Precision
 from foxhunt.run.dir import RunDir
 
@@ -54,7 +54,7 @@ def load_weights(path: str | Path) -> tuple[TemporalFusionTransformer, dict[str,
     tensors, meta = read_export(path)
     if meta.get("format") != FP32_FORMAT:
         raise CheckpointError(f"{path} is not a float32 export (format {meta.get('format')!r})")
-    model = TemporalFusionTransformer(**{**BEFORE_0_2, **meta["init"]})
+    model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **meta["init"]})
     model.load_state_dict(tensors)
     return model.eval(), meta
 

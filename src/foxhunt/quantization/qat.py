@@ -44,7 +44,7 @@ with warnings.catch_warnings():
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.files import load_file, read_export, write_export
 from foxhunt.models.blocks import GroupedLinear
-from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
+from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
 
 INT8_FORMAT = "foxhunt-int8"  # the `format` in an int8 export's metadata
 _explained = False
@@ -350,7 +350,7 @@ def load_int8(path: str | Path) -> TemporalFusionTransformer:
     dynamically quantized (int8 kernels)."""
     explain_deprecation()
     blob = read_int8(path)
-    model = TemporalFusionTransformer(**{**BEFORE_0_2, **blob["init"]})
+    model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **blob["init"]})
     state = {k: v.float() if v.is_floating_point() else v for k, v in blob["float"].items()}
     for key, entry in blob["int8"].items():
         state[key] = _dequant(entry["q"], entry["scale"], entry["shape"], entry["stacked"])

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from foxhunt.evaluation.loss import quantile_loss
-from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
+from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
 from foxhunt.quantization.qat import export_int8, load_int8, set_qat_phase
 
 
@@ -29,7 +29,7 @@ def export_and_score_int8(
     qat_model = qat_model.eval()
     set_qat_phase(qat_model, observe=False, fake_quant=True)
     int8_bytes = export_int8(qat_model, init, path, schema=schema, calibration=calibration)
-    float_model = TemporalFusionTransformer(**{**BEFORE_0_2, **init})
+    float_model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **init})
     fp32_bytes = len(safetensors_bytes(float_model.state_dict()))
     int8_model = load_int8(path)
     quantiles = quantiles.cpu()

@@ -19,7 +19,7 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
-from foxhunt.models.tft import BEFORE_0_2, TemporalFusionTransformer
+from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
 from foxhunt.precision import precision_of
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
 from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validation_forward
@@ -44,6 +44,7 @@ class ModelHparams(TypedDict):
     quantiles: list[float]
     highway: NotRequired[bool]
     monotone: NotRequired[bool]
+    highway_first: NotRequired[bool]
     compile: NotRequired[bool | str]  # auto | true | false | a torch.compile mode
 
 
@@ -114,7 +115,8 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "dropout": model["dropout"],
         "variable_dim": model["variable_dim"],
         "quantiles": list(model["quantiles"]),
-        **{k: model.get(k, off) for k, off in BEFORE_0_2.items()},  # a 0.1 checkpoint's
+        # the keys a checkpoint saved before them lacks, as it was built
+        **{k: model.get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()},
     }
 
 

@@ -1,0 +1,226 @@
+"""The exchange's clock: the local time of int64 ns UTC times in a time zone, and the sessions
+the steps after the data follow (`data.calendar`, model.json's `data.calendar`).
+
+Local time
+    A zone's UTC offsets are a step function of UTC time: its transitions are found once per
+    year (Python's `zoneinfo` at each UTC midnight, each change then bisected to the second)
+    and cached, so the offset of millions of rows is one `searchsorted`. The local time of a
+    bar is ``t + offset(t)``; back from local to UTC, a local time that a spring change skips
+    has no instant and one that an autumn change repeats has two.
+
+Sessions (``session``)
+    ``continuous``: the steps after the data continue at the bar interval, every one (the rule
+    of exports and checkpoints made before `data.calendar`).
+    ``bars``: the bars seen. With a bar interval ``s`` that divides a week, the week is cut into
+    ``W = week / s`` slots of local time, counted from the last known time; a bar lies in the
+    slot nearest it. A slot the history spans but never had a bar in is closed (a night, a
+    weekend, a lunch break); one the history does not span is open (too short a history to
+    know). The steps walk the local clock ``s`` at a time from the last known time and keep the
+    times in open slots, not on a `holidays` date (local), that exist in local time: a
+    repeated local time gives both its instants when ``s`` is no longer than the repeat (bars
+    that tick through the change), else its first. An interval that does not divide a week
+    continues as ``continuous`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import numpy as np
+
+from foxhunt_serve.errors import InputError
+from foxhunt_serve.read import DAY_NS
+
+SECOND_NS = 10**9
+WEEK_NS = 7 * DAY_NS
+SESSIONS = ("bars", "continuous")
+MAX_SLOTS = 1 << 22  # a week of slots at most (1/7 s bars): finer ones continue as continuous
+MAX_WEEKS = 60  # the steps after the data look this far for an open slot
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_YEARS = (1678, 2261)  # the years int64 nanoseconds hold whole
+
+
+def default_close(time_zone: str) -> str:
+    """The cash close where `data.calendar.close` is null: 20:00 in UTC (the US close in US
+    summer time, the rule before `data.calendar`), 16:00 local in any other zone."""
+    return "20:00" if time_zone == "UTC" else "16:00"
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A time zone, its cash close (minutes after local midnight), the session rule and the
+    local dates with no session (days since 1970-01-01)."""
+
+    time_zone: str = "UTC"
+    close_min: int = 20 * 60
+    session: str = "continuous"
+    holidays: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, section: dict[str, Any] | None) -> Clock:
+        """model.json's `data.calendar`, or a config's (None: an export made before it: UTC,
+        20:00, continuous), checked; an InputError names a bad value."""
+        if section is None:
+            return cls()
+        get = section.get if hasattr(section, "get") else lambda k, d: getattr(section, k, d)
+        name = str(get("time_zone", "UTC"))
+        if name != "UTC":  # UTC needs no zone data (a machine may have none)
+            zone(name)
+        close = get("close", None)
+        session = str(get("session", "bars"))
+        if session not in SESSIONS:
+            raise InputError(f"calendar session {session!r} is none of {', '.join(SESSIONS)}")
+        days = tuple(sorted({_day(d) for d in get("holidays", None) or ()}))
+        return cls(name, close_minutes(close or default_close(name)), session, days)
+
+    def section(self) -> dict[str, Any]:
+        """As model.json's `data.calendar` holds it."""
+        h, m = divmod(self.close_min, 60)
+        days = [(date(1970, 1, 1) + timedelta(days=d)).isoformat() for d in self.holidays]
+        return {
+            "time_zone": self.time_zone,
+            "close": f"{h:02d}:{m:02d}",
+            "session": self.session,
+            "holidays": days,
+        }
+
+    def local(self, t: np.ndarray) -> np.ndarray:
+        """Local times (int64 ns, as if the zone were UTC) of int64 ns UTC times `t`."""
+        if self.time_zone == "UTC":
+            return t
+        trans, off = _table(self.time_zone, *_years(t))
+        return t + off[np.searchsorted(trans, t, side="right") - 1]
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone `name`; an InputError if this machine's zone data lacks it."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InputError(
+            f"no time zone {name!r} (an IANA name: America/New_York, America/Chicago, "
+            "Europe/London, UTC; without the system's zone data, pip install tzdata)"
+        ) from None
+
+
+def close_minutes(text: Any) -> int:
+    """Minutes after midnight of an "HH:MM" time of day."""
+    try:
+        h, m = (int(p) for p in str(text).split(":"))
+        if 0 <= h < 24 and 0 <= m < 60 and len(str(text)) == 5:
+            return h * 60 + m
+    except ValueError:
+        pass
+    raise InputError(f"calendar close {text!r} is not a time of day HH:MM (16:00)")
+
+
+def _day(text: Any) -> int:
+    try:
+        return (date.fromisoformat(str(text)) - date(1970, 1, 1)).days
+    except ValueError:
+        raise InputError(f"calendar holiday {text!r} is not an ISO date (2026-12-25)") from None
+
+
+def _years(t: np.ndarray) -> tuple[int, int]:
+    """The calendar years of the earliest and latest of `t`, a year either side."""
+    if len(t) == 0:
+        return 1970, 1970
+    lo, hi = (
+        int(x)
+        for x in np.array([t.min(), t.max()]).astype("datetime64[ns]").astype("M8[Y]").astype(int)
+    )
+    return max(lo + 1969, _YEARS[0]), min(hi + 1971, _YEARS[1])
+
+
+def _offset_s(z: ZoneInfo, s: int) -> int:
+    return int((_EPOCH + timedelta(seconds=s)).astimezone(z).utcoffset().total_seconds())
+
+
+@functools.lru_cache(maxsize=4096)
+def _year(name: str, year: int) -> tuple[tuple[int, int], ...]:
+    """The zone's transitions in `year`: (UTC second, the offset from then on)."""
+    z = zone(name)
+    start = int((datetime(year, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds())
+    end = int((datetime(year + 1, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds())
+    found, a, before = [], start, _offset_s(z, start)
+    for b in range(start + 86_400, end + 1, 86_400):
+        after = _offset_s(z, b)
+        lo, hi = a, b  # offset(lo) == before != offset(hi): bisect to the second
+        while after != before and hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _offset_s(z, mid) == before else (lo, mid)
+        if after != before:
+            found.append((hi, _offset_s(z, hi)))
+        a, before = b, after
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _table(name: str, y0: int, y1: int) -> tuple[np.ndarray, np.ndarray]:
+    """(UTC ns from which each offset holds, that offset in ns) over years y0..y1; the first
+    holds from long before."""
+    start = int((datetime(y0, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds())
+    rows = [(-(2**62) // SECOND_NS, _offset_s(zone(name), start))]
+    rows += [r for y in range(y0, y1 + 1) for r in _year(name, y)]
+    trans, off = (np.array(c, dtype=np.int64) * SECOND_NS for c in zip(*rows, strict=True))
+    trans[0] = -(2**62)
+    return trans, off
+
+
+def utc_of(local: np.ndarray, name: str, step_ns: int) -> np.ndarray:
+    """The UTC instants (int64 ns, in order) of local times `local` in zone `name`: none for a
+    skipped local time, both for a repeated one when `step_ns` is no longer than the repeat."""
+    if name == "UTC":
+        return local
+    trans, off = _table(name, *_years(local))
+    lo = trans + off  # each offset's span in local time: [lo, hi)
+    hi = np.append(trans[1:] + off[:-1], np.iinfo(np.int64).max)
+    j = np.searchsorted(lo, local, side="right") - 1
+    prev = np.maximum(j - 1, 0)
+    in_j, in_prev = local < hi[j], (j > 0) & (local < hi[prev])
+    first = np.where(in_prev, local - off[prev], local - off[j])[in_j | in_prev]
+    both = in_prev & in_j & (step_ns <= hi[prev] - lo[j])
+    return np.sort(np.concatenate([first, local[both] - off[j[both]]]))
+
+
+def session_steps(time_ns: np.ndarray, last: int, step_ns: int, n: int, clock: Clock) -> np.ndarray:
+    """The `n` times after `last` (the last known time) at the bar interval `step_ns` that
+    follow the session of the instrument's bars `time_ns` (the module docstring)."""
+    slots = WEEK_NS // step_ns if step_ns > 0 else 0
+    if clock.session == "continuous" or slots == 0 or WEEK_NS % step_ns or slots > MAX_SLOTS:
+        return last + step_ns * np.arange(1, n + 1)
+    start = int(clock.local(np.array([last], dtype=np.int64))[0])
+    bars = clock.local(np.asarray(time_ns, dtype=np.int64))
+    g = np.rint((bars - start) / step_ns).astype(np.int64)  # each bar's slot, 0 the last one
+    is_open = np.ones(slots, dtype=bool)
+    span = int(-g.min()) if len(g) else 0
+    if span >= slots - 1:
+        is_open[:] = False
+    else:  # the slots the history spans, those of local times that exist
+        spanned = start + step_ns * np.arange(-span, 1)
+        real = np.isin(spanned, clock.local(utc_of(spanned, clock.time_zone, step_ns)))
+        is_open[np.arange(-span, 1)[real] % slots] = False
+    is_open[g % slots] = True
+    holidays = np.array(clock.holidays, dtype=np.int64)
+    # from the last known time itself: a repeated local time's second instant comes after it
+    found, k, chunk = np.zeros(0, np.int64), 0, max(2 * n, slots)
+    # done when n instants come before any a later local time could give (offsets < 2 days)
+    while len(found) < n or found[n - 1] >= start + step_ns * k - 2 * DAY_NS:
+        if k * step_ns > MAX_WEEKS * WEEK_NS:
+            if len(found) >= n:
+                break
+            raise InputError(
+                f"no session in the {MAX_WEEKS} weeks after the last bar: every slot or day "
+                "after it is closed (data.calendar.holidays)"
+            )
+        ks = np.arange(k, k + chunk)
+        local = start + step_ns * ks
+        keep = is_open[ks % slots] & ~np.isin(np.floor_divide(local, DAY_NS), holidays)
+        times = utc_of(local[keep], clock.time_zone, step_ns)
+        found = np.sort(np.concatenate([found, times[times > last]]))
+        k += chunk
+    return found[:n]
