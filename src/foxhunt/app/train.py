@@ -373,19 +373,18 @@ def forecast_split(
         "val": datamodule.val_dataloader,
         "calibration": datamodule.calibration_dataloader,
     }
+    loader = loaders[split](sharded=False)  # in order: no shuffle
     preds = []
     was_training = module.training
     module.eval()
     no_grad = torch.inference_mode if trainer.test_loop.inference_mode else torch.no_grad
     with no_grad(), trainer.precision_plugin.forward_context():
-        for batch in loaders[split](sharded=False):  # in order: no shuffle
+        for batch in loader:
             batch = {k: v.to(module.device) for k, v in batch.items()}
             preds.append(validation_forward(module.model, batch).float().cpu())
     module.train(was_training)
     pred = torch.cat(preds).numpy() if preds else np.empty((0, 0, 0), np.float32)
-    windows = datamodule.calibration_dataloader().dataset if split == "calibration" else None
-    windows = windows if windows is not None else datamodule.datasets[split]
-    assert len(pred) == len(windows), f"the {split} loader skipped windows"
+    assert len(pred) == len(loader.dataset), f"the {split} loader skipped windows"
     return pred, crossing_rate(pred)
 
 
