@@ -101,6 +101,7 @@ def test_early_stopping_patience_adds_early_stopping(tmp_path):
     [
         ("data.nan_policy=zero", "[error, ffill, drop]"),
         ("data.target_kind=up", "[auto, return, level]"),
+        ("data.target_scale=per_name", "[instrument, global]"),
         ("data.time_unit=min", "[s, ms, us, ns]"),
         ("data.calendar.session=rth", "[bars, continuous]"),
         ("optim.schedule=linear", "[cosine, onecycle, none]"),

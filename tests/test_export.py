@@ -39,7 +39,7 @@ from foxhunt.config import DataConfig  # noqa: E402
 from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
 from foxhunt.data.futures import continuous_table  # noqa: E402
 from foxhunt.data.schema import footer_schema  # noqa: E402
-from foxhunt.data.serving import data_section, features  # noqa: E402
+from foxhunt.data.serving import data_section, features, target_section  # noqa: E402
 from foxhunt.models import fused_vsn  # noqa: E402
 from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
 from foxhunt.precision.onnx import (  # noqa: E402
@@ -238,7 +238,7 @@ def test_export_writes_the_model_and_its_description(plain):
         ("encoder_observed", "float32", ["batch", 16, 3]),
         ("encoder_known", "float32", ["batch", 16, 1]),
         ("decoder_known", "float32", ["batch", H, 1]),
-        ("static_real", "float32", ["batch", 1]),
+        ("static_real", "float32", ["batch", 2]),  # w, then the target's scale
         ("instrument", "int64", ["batch"]),
     ]
     assert meta["inputs"][0]["features"] == ["y", "f1", "f2"]
@@ -248,7 +248,11 @@ def test_export_writes_the_model_and_its_description(plain):
         "kind": "level",
         "mean": schema.target_center,
         "std": schema.target_scale,
+        "means": schema.target_centres,  # AAA's and BBB's own
+        "stds": schema.target_scales,
+        "anchored": True,
     }
+    assert len(schema.target_scales) == 2 and schema.target_scales[0] != schema.target_scales[1]
     assert meta["features"]["f2"]["mean"] == schema.input_mean[2]
     assert meta["features"]["w"] == {
         "role": "static",
@@ -256,6 +260,12 @@ def test_export_writes_the_model_and_its_description(plain):
         "column": "w",
         "mean": schema.static_mean[0],
         "std": schema.static_std[0],
+    }
+    assert meta["features"]["target_scale"] == {
+        "role": "static",
+        "source": "target_scale",
+        "mean": schema.static_mean[1],
+        "std": schema.static_std[1],
     }
     assert meta["data"]["columns_read"] == ["k1", "w", "y", "f1", "f2"]
     # ONNX Runtime reads the inputs and output model.json names, the batch dimension dynamic
@@ -607,7 +617,7 @@ def _consumer_meta(cfg, schema) -> dict:
         "inputs": onnx_inputs(schema),
         "features": features(schema, cfg),
         "data": data_section(cfg, schema),
-        "target": {"name": schema.target},
+        "target": target_section(schema),
     }
 
 

@@ -118,8 +118,13 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
     calibration = torch.load(trained.ckpt, weights_only=True)["calibration"]
     assert calibration["method"] == "aci" and calibration["pairs"] == [[0, 2]]
     model = module.model.eval()
-    mean, std = np.asarray(schema.input_mean), np.asarray(schema.input_std)
     for name in ("AAA", "BBB"):
+        # the target on the instrument's own centre and scale; the scale's log a static input
+        g = schema.groups.index(name)
+        mean, std = np.asarray(schema.input_mean), np.asarray(schema.input_std)
+        mean[0], std[0] = schema.target_centres[g], schema.target_scales[g]
+        scale_input = np.log(std[0] / schema.target_scale)
+        static = (scale_input - schema.static_mean[0]) / schema.static_std[0]
         rows = np.flatnonzero(tail["symbol"] == name)
         enc, dec = rows[-H - E : -H], rows[-H:]
         raw = np.column_stack([tail[c][enc] for c in ("y", "f1", "f2", "k1")])
@@ -128,8 +133,8 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
             "decoder_known": torch.tensor(
                 (tail["k1"][dec] - mean[3]) / std[3], dtype=torch.float32
             )[None, :, None],
-            "static_cat": torch.tensor([[schema.groups.index(name)]]),
-            "static_real": torch.zeros(1, 0),
+            "static_cat": torch.tensor([[g]]),
+            "static_real": torch.tensor([[static]], dtype=torch.float32),
         }
         with torch.no_grad():
             out = model(batch)[0].numpy().astype(np.float64)

@@ -69,7 +69,7 @@ def test_report_run_writes_interpretation_report_and_plots(trained):
     )
     result = json.loads((run_dir / "interpretation.json").read_text())
     names = variable_names(trained["module"].schema)
-    assert names["static"] == ["instrument"]
+    assert names["static"] == ["instrument", "target_scale"]
     assert names["encoder"] == ["y (target)", "f1", "f2", "k1", "relative time"]
     assert names["decoder"] == ["k1", "relative time"]
     for net, expected in names.items():

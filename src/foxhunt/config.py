@@ -25,6 +25,7 @@ from foxhunt.checks import validate as validate
 # such plain strings (an Enum object in a checkpoint would not load weights-only).
 TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
+TargetScale = StrEnum("TargetScale", ["instrument", "global"])  # foxhunt_serve.scaling
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
 # Lightning's precision flags foxhunt trains in: fp32's and bf16's (int8 trains in float32)
@@ -164,6 +165,9 @@ class DataConfig:
     # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
     target: str | None = None
     target_kind: TargetKind = TargetKind.auto
+    # each instrument's target on its own training rows' scale, which the model also sees as a
+    # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)
+    target_scale: TargetScale = TargetScale.instrument
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
     # columns of the file as observed inputs beside `features` (your signals next to the
     # derived ohlcv set)

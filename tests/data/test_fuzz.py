@@ -309,6 +309,7 @@ def check(folder: Path, columns: list[Column], how: dict, settings_: dict) -> No
         return
     event("loaded")
     a, b = eager.schema.to_dict(), lazy.schema.to_dict()
+    target = a["input_mean"][0], a["input_std"][0]
     for kind in ("input", "static"):
         mean, std = (np.asarray(a[f"{kind}_{s}"]) for s in ("mean", "std"))
         assert np.isfinite(mean).all() and np.isfinite(std).all()
@@ -319,6 +320,12 @@ def check(folder: Path, columns: list[Column], how: dict, settings_: dict) -> No
         np.testing.assert_allclose(
             b.pop(f"{kind}_std"), a.pop(f"{kind}_std"), rtol=1e-9, atol=1e-12
         )
+    # each instrument's target centre and scale (the pooled ones where its history is short),
+    # to the rounding of the target's values as the input means above
+    size = abs(target[0]) + target[1]
+    error = np.abs(np.asarray(b.pop("target_centres")) - a.pop("target_centres"))
+    assert (error <= 1e-9 * size + 1e-12).all(), (error, target)
+    np.testing.assert_allclose(b.pop("target_scales"), a.pop("target_scales"), rtol=1e-9)
     assert a == b
     for x, y in zip(batches(eager), batches(lazy), strict=True):
         for key in x:

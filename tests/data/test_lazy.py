@@ -85,7 +85,8 @@ def lazy(cfg, path: Path, tmp_path: Path):
 
 def assert_same(eager: ParquetDataModule, lazy_dm: ParquetDataModule) -> None:
     a, b = eager.schema.to_dict(), lazy_dm.schema.to_dict()
-    for key in ("input_mean", "input_std", "static_mean", "static_std"):
+    stats = ("input_mean", "input_std", "static_mean", "static_std")
+    for key in (*stats, "target_centres", "target_scales"):
         np.testing.assert_allclose(b.pop(key), a.pop(key), rtol=1e-12, atol=1e-300)
     assert a == b
     for split in ("train", "val", "test"):

@@ -453,6 +453,24 @@ def test_the_old_order_adds_the_highway_before_the_monotone_head() -> None:
         model.load_state_dict(old.state_dict())  # a different model, not a silent reshape
 
 
+@pytest.mark.parametrize("anchor", [True, False])
+def test_an_anchored_level_moves_with_its_last_value(anchor: bool) -> None:
+    """anchor (a level target): the target's history shifted by c shifts every quantile by c
+    and nothing else, as the naive forecast moves; unanchored, a z-scored level does not."""
+    torch.manual_seed(0)
+    model, x = build("statics", anchor=anchor)
+    randomize(model)
+    model.eval()
+    shifted = dict(x, encoder_cont=x["encoder_cont"].clone())
+    shifted["encoder_cont"][..., 0] += 3.0
+    with torch.no_grad():
+        moved = model(shifted) - model(x)
+    if anchor:
+        torch.testing.assert_close(moved, torch.full_like(moved, 3.0), rtol=0, atol=1e-5)
+    else:
+        assert (moved - 3.0).abs().max() > 0.1
+
+
 def model_kwargs(name: str) -> dict:
     return dict(ARCH, prediction_length=5, hidden_dim=16, num_heads=4, variable_dim=8) | dict(
         CONFIGS[name]

@@ -132,10 +132,11 @@ def test_a_model_saved_with_the_highway_before_the_monotone_head_loads_as_it_was
     tiny_run, tmp_path
 ):
     # a checkpoint and an fp32 export saved before #45: no highway_first key, the highway one
-    # weight per quantile, added before the monotone head
+    # weight per quantile, added before the monotone head; its level target z-scored (no
+    # anchor: the key it lacks)
     ckpt = torch.load(tiny_run.ckpt, weights_only=True)
     hparams = ckpt["hyper_parameters"]
-    del hparams["model"]["highway_first"]
+    del hparams["model"]["highway_first"], hparams["schema"]["target_anchor"]
     n_q = len(hparams["model"]["quantiles"])
     gen = torch.Generator().manual_seed(0)
     for key in [k for k in ckpt["state_dict"] if k.startswith("model.highway.")]:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from foxhunt_serve.calibration import apply
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.export import read_export
+from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.windows import Windows, build_windows
 
 
@@ -39,11 +40,11 @@ def forecast(
             feed["instrument"] = g
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
-    target = meta["target"]
-    actual = (w.actual - target["mean"]) / target["std"]
+    centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)
+    actual = (w.actual - centre[:, None]) / scale[:, None]
     cal = meta.get("calibration")
     values = apply(out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns)
-    return values * target["std"] + target["mean"]
+    return values * scale[:, None, None] + centre[:, None, None]
 
 
 def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:

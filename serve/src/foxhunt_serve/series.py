@@ -14,6 +14,7 @@ from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
 from foxhunt_serve.read import as_float, group_codes, time_ns
+from foxhunt_serve.scaling import SCALE_INPUT, of_instruments, scale_input
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -80,7 +81,10 @@ def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> S
     made = _inputs(meta, name, t, cols, warmup)
     static = {}
     for feature, spec in features.items():
-        if spec["role"] == "static":
+        if spec["role"] == "static" and spec["source"] == SCALE_INPUT:
+            scale = of_instruments(meta["target"], meta["instruments"], np.array([name]))[1]
+            static[feature] = float(scale_input(scale, meta["target"]["std"])[0])
+        elif spec["role"] == "static":
             v = cols[spec["column"]]
             if np.ptp(v) > 0:
                 raise InputError(f"static feature '{feature}' varies within instrument {name}")

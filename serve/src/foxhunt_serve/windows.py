@@ -13,6 +13,7 @@ from foxhunt_serve.clock import Clock, session_steps
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future, as_text, split_future
+from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.series import load_series
 
 
@@ -160,6 +161,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     statics = [f for f, spec in features.items() if spec["role"] == "static"]
     static = np.zeros((max(len(vocab), 1), len(statics)))
     cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
+    target = []  # each block's rows' target centre and scale (foxhunt_serve.scaling)
     for s in series:
         g = vocab.index(s.name) if vocab and s.name in vocab else 0
         static[g] = [s.static[f] for f in statics]
@@ -176,12 +178,17 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), g, np.int64))
         blocks.append(block)
+        centre, scale = of_instruments(meta["target"], vocab, np.array([s.name]))
+        target.append(np.repeat([[centre[0], scale[0]]], len(block), axis=0))
         offset += len(block)
     facts = cut.facts(data["known_columns"], "--all-windows")
     mean, std = (np.array([features[c][k] for c in columns]) for k in ("mean", "std"))
     static_mean, static_std = (np.array([features[f][k] for f in statics]) for k in ("mean", "std"))
+    raw, target = np.concatenate(blocks), np.concatenate(target)
+    rows = normalized(raw, mean, std, columns)
+    rows[:, 0] = normalized(raw[:, :1], target[:, :1], target[:, 1:], columns[:1])[:, 0]
     return Windows(
-        rows=normalized(np.concatenate(blocks), mean, std, columns),
+        rows=rows,
         starts=np.concatenate(starts),
         group=np.concatenate(groups),
         static=normalized(static, static_mean, static_std, statics),

@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 from foxhunt.app.inference import data_changes, required_checkpoint
 from foxhunt.app.predict import Predictor, load
 from foxhunt.config import MIN_OPSET
-from foxhunt.data.serving import data_section, features
+from foxhunt.data.serving import data_section, features, target_section
 from foxhunt.errors import ConfigError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import check_writable, write_atomic, write_json
@@ -153,16 +153,12 @@ def model_description(
             "quantiles": quantiles,
             "columns": [quantile_column(q) for q in sorted(quantiles)],
         },
-        "target": {
-            "name": schema.target,
-            "kind": schema.target_kind,
-            "mean": schema.target_center,
-            "std": schema.target_scale,
-        },
+        "target": target_section(schema),
         "normalization": (
-            "input: float32((value - mean) / std), computed in float64, per feature; "
-            "output: the calibration's offsets (below) on each step's quantiles, in float64, "
-            "then value * target.std + target.mean"
+            "input: float32((value - mean) / std), computed in float64, per feature (the "
+            "target with its instrument's target.means/stds where given); output: the "
+            "calibration's offsets (below) on each step's quantiles, in float64, then value * "
+            "std + mean of the instrument's target"
         ),
         # foxhunt.evaluation.calibration: CQR's offsets per instrument ("*": pooled), horizon
         # step and pair, in normalized units; aci's score quantiles; null: sort each step

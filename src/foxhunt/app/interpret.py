@@ -48,7 +48,7 @@ def have_matplotlib() -> bool:
 def variable_names(schema: DataSchema) -> dict[str, list[str]]:
     """The inputs of each variable selection network, in the model's order."""
     return {
-        "static": (["instrument"] if schema.groups else []) + list(schema.static),
+        "static": (["instrument"] if schema.groups else []) + schema.static_inputs,
         "encoder": [f"{schema.target} (target)", *schema.observed, *schema.known, "relative time"],
         "decoder": [*schema.known, "relative time"],
     }
@@ -96,12 +96,13 @@ class _Sums:
         ordered = pred.sort(dim=-1).values
         self.below += (target.unsqueeze(-1) <= ordered).double().sum((0, 1)).cpu()
         median = ordered[..., self.median_index]
-        self.abs_error += float((median - target).abs().double().sum())
+        scale = batch["target_scale"].double()[:, None]  # to the target's units, per window
+        self.abs_error += float(((median - target).abs().double() * scale).sum())
         if schema.target_kind == "return":  # the naive forecast, as the test metrics score it
             reference = torch.full_like(target, -schema.target_center / schema.target_scale)
         else:
             reference = batch["target_last"].float()[:, None].expand_as(target)
-        self.baseline_abs_error += float((reference - target).abs().double().sum())
+        self.baseline_abs_error += float(((reference - target).abs().double() * scale).sum())
 
 
 def interpret(
@@ -168,7 +169,7 @@ def _summarize(sums: _Sums, schema: DataSchema, quantiles: list[float]) -> dict[
     attention = sums.attention / max(sums.windows, 1)  # [horizon step, key position]
     # lag: bars before the first forecast step; the last encoder bar is lag 1
     by_lag_and_step = attention[:, :e].flip(-1)
-    scale, center = schema.target_scale, schema.target_center
+    pooled = {"center": schema.target_center, "scale": schema.target_scale}
     return {
         "split": "test",
         "windows": sums.windows,
@@ -190,9 +191,10 @@ def _summarize(sums: _Sums, schema: DataSchema, quantiles: list[float]) -> dict[
             "observed_coverage": (sums.below / max(sums.steps, 1)).tolist(),
             "quantile_crossing_rate": sums.crossed / max(sums.steps, 1),
         },
-        "mae": sums.abs_error / max(sums.steps, 1) * scale,
-        "baseline_mae": sums.baseline_abs_error / max(sums.steps, 1) * scale,
-        "normalization": {"center": center, "scale": scale},
+        "mae": sums.abs_error / max(sums.steps, 1),
+        "baseline_mae": sums.baseline_abs_error / max(sums.steps, 1),
+        # the pooled target centre and scale; per_instrument: each instrument on its own
+        "normalization": pooled | {"per_instrument": bool(schema.target_scales)},
     }
 
 
@@ -216,18 +218,19 @@ def _fan_windows(
     batch = dataset.__getitems__([i for _, i in chosen])  # one gather, as the loaders do
     device = next(model.parameters()).device
     pred = model({k: v.to(device) for k, v in batch.items()}).float().sort(dim=-1).values.cpu()
-    scale, center = schema.target_scale, schema.target_center
+    group = dataset.group[dataset.starts[[i for _, i in chosen]]].numpy()
+    center, scale = schema.target_of(group)
 
-    def units(x: torch.Tensor) -> list:
-        return (x.double() * scale + center).tolist()
+    def units(x: torch.Tensor, j: int) -> list:
+        return (x.double() * scale[j] + center[j]).tolist()
 
     return [
         {
             "instrument": name,
             "window": index,  # position in the test split
-            "history": units(batch["encoder_cont"][j, :, 0]),
-            "actual": units(batch["target"][j]),
-            "quantiles": units(pred[j]),  # [horizon step][quantile]
+            "history": units(batch["encoder_cont"][j, :, 0], j),
+            "actual": units(batch["target"][j], j),
+            "quantiles": units(pred[j], j),  # [horizon step][quantile]
         }
         for j, (name, index) in enumerate(chosen)
     ]

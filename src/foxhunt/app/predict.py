@@ -342,8 +342,8 @@ class Predictor:
         normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
         if adapts and not all_windows:
             windows, normalized = latest, normalized[rows_of(windows, latest)]
-        values = normalized.astype(np.float64) * self.schema.target_scale
-        values += self.schema.target_center
+        center, scale = self._target(windows)
+        values = normalized.astype(np.float64) * scale[:, None, None] + center[:, None, None]
         time_type = table.schema.field(cfg.time_column).type
         columns = [quantile_column(q) for q in sorted(self.quantiles)]
         return output(windows, values, columns, time_type)
@@ -352,8 +352,13 @@ class Predictor:
         """The model's normalized forecasts calibrated (ACI: from the realized targets)."""
         if self.calibration is None:  # a model saved before calibration: only in order
             return np.sort(pred, axis=-1)
-        actual = (w.actual - self.schema.target_center) / self.schema.target_scale
+        center, scale = self._target(w)
+        actual = (w.actual - center[:, None]) / scale[:, None]
         return self.calibration.apply(pred, w.instrument, actual, w.origin_ns, w.target_ns)
+
+    def _target(self, w: Windows) -> tuple[np.ndarray, np.ndarray]:
+        """The target's centre and scale [N] of each window's instrument."""
+        return self.schema.target_of(w.dataset.group[w.dataset.starts].numpy())
 
     @staticmethod
     def _read(data: pa.Table | str | Path) -> tuple[pa.Table, str]:

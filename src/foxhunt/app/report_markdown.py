@@ -92,6 +92,16 @@ def data_section(datamodule: ParquetDataModule) -> list[str]:
         f"target `{schema.target}` ({schema.target_kind}), encoder {schema.encoder_length} "
         f"bars, forecast {schema.prediction_length} bars",
     ]
+    if schema.target_scales:
+        low, high = (f(schema.target_scales) / schema.target_scale for f in (min, max))
+        lines.append(
+            f"- Target scale: each instrument's own ({low:.2g}x to {high:.2g}x the pooled "
+            f"{schema.target_scale:.3g}), a static input of the model"
+        )
+    else:
+        lines.append(f"- Target scale: one for every instrument ({schema.target_scale:.3g})")
+    if schema.target_anchor:
+        lines.append("- A level target: forecast as its move from the last value")
     if schema.skipped:
         skipped = ", ".join(f"`{c}` ({why})" for c, why in schema.skipped.items())
         lines.append(f"- Not numeric, so left out by `data.features=all`: {skipped}")

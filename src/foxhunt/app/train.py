@@ -226,6 +226,7 @@ def finish(
         if fitted.best:  # the best checkpoint carries its calibration (predict applies it)
             annotate_checkpoint(fitted.best, calibration=calibrated)
     summary["splits"] = datamodule.splits
+    summary["target"] = datamodule.schema.target_summary()
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
         rolls = rolls_table(datamodule.rolls)
@@ -250,6 +251,7 @@ def finish_validation(
             datamodule.datasets["val"], datamodule.schema, pred, list(cfg.model.quantiles), cfg.eval
         )
     summary["splits"] = datamodule.splits
+    summary["target"] = datamodule.schema.target_summary()
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     return summary
 

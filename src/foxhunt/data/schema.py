@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from foxhunt_serve.scaling import SCALE_INPUT, instrument_scales, lookup, pooled, scale_input
 
 from foxhunt.data.columns import ColumnPlan, column_plan
 from foxhunt.data.names import resolve_data
@@ -33,8 +34,16 @@ class DataSchema:
     # normalization, from the training split (empty until the data module computes it)
     input_mean: list[float] = field(default_factory=list)  # per encoder column
     input_std: list[float] = field(default_factory=list)
-    static_mean: list[float] = field(default_factory=list)
+    static_mean: list[float] = field(default_factory=list)  # per static input
     static_std: list[float] = field(default_factory=list)
+    # each instrument's target centre and scale (data.target_scale=instrument;
+    # foxhunt_serve.scaling), in the order of `groups`; empty: the pooled target_center and
+    # target_scale for all (global, and the models saved before #45)
+    target_centres: list[float] = field(default_factory=list)
+    target_scales: list[float] = field(default_factory=list)
+    # a level target forecast as its move from the last value (false: saved before #45, when
+    # the level was z-scored)
+    target_anchor: bool = False
     # the columns data.features=all left out, with their type (the run report lists them)
     skipped: dict[str, str] = field(default_factory=dict)
     # features the data gives that the model does not see, with why (constant over the
@@ -51,12 +60,38 @@ class DataSchema:
         return len(self.observed) + len(self.known) + len(self.static)
 
     @property
+    def static_inputs(self) -> list[str]:
+        """The model's static real inputs: the data's, then each instrument's target scale."""
+        return [*self.static, SCALE_INPUT] if self.target_scales else list(self.static)
+
+    @property
     def target_center(self) -> float:
+        """The pooled centre of the target (an unseen instrument's, every one's for global)."""
         return self.input_mean[0]
 
     @property
     def target_scale(self) -> float:
+        """The pooled scale of the target (an unseen instrument's, every one's for global)."""
         return self.input_std[0]
+
+    def target_of(self, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The target's centre and scale for each instrument index in `group` (float64 arrays
+        like it; an index past the vocabulary: an instrument the model has not seen)."""
+        return lookup(
+            self.target_centres, self.target_scales, self.target_center, self.target_scale, group
+        )
+
+    def target_summary(self) -> dict[str, Any]:
+        """What summary.json says of the target: its kind, how it is scaled (each instrument's
+        own scale, or one pooled), the pooled scale and each instrument's."""
+        return {
+            "name": self.target,
+            "kind": self.target_kind,
+            "scale": "instrument" if self.target_scales else "global",
+            "anchored": self.target_anchor,  # a level forecast as its move from the last value
+            "pooled_scale": self.target_scale,
+            "by_instrument": dict(zip(self.groups, self.target_scales, strict=False)),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,23 +157,39 @@ CONSTANT = "constant over the training split"
 
 
 def found_schema(
-    loaded: Any, cfg: Any, names: list[str], mean: np.ndarray, std: np.ndarray, statics: np.ndarray
+    loaded: Any,
+    cfg: Any,
+    names: list[str],
+    stats: tuple[np.ndarray, np.ndarray, list],
+    statics: np.ndarray,
 ) -> dict[str, Any]:
     """The schema dict of every column the data gives (`loaded`'s, by role; instruments
-    `names`), with the training split's input `mean` and `std` (a return target's mean set to
-    0: zero stays zero after scaling) and the statistics of the instruments' `statics`."""
-    mean = np.array(mean, dtype=np.float64)
-    if loaded.target_kind == "return":
+    `names`), with the training split's input mean and std and each instrument's target
+    `moments` (`stats`; a return target's mean set to 0: zero stays zero after scaling; a
+    level's scale that of its moves), each instrument's target scale (data.target_scale), and
+    the statistics of the instruments' `statics` (with the target scale's input)."""
+    mean, std, moments = (np.array(stats[0], np.float64), np.array(stats[1], np.float64), stats[2])
+    kind = loaded.target_kind
+    if kind == "return":
         mean[0] = 0.0
+    else:  # anchored: the level's moves (foxhunt_serve.scaling)
+        std[0] = pooled(moments, kind)[1]
+    centres, scales = [], []
+    if cfg.group_column and str(getattr(cfg, "target_scale", "global")) == "instrument":
+        centres, scales = instrument_scales(moments, kind, mean[0], std[0])
+        statics = np.column_stack([statics, scale_input(scales, std[0])])
     static_mean, static_std = mean_std(statics)
     return DataSchema.from_loaded(
         loaded,
         cfg,
         names if cfg.group_column else [],
         input_mean=mean.tolist(),
-        input_std=np.asarray(std).tolist(),
+        input_std=std.tolist(),
         static_mean=static_mean.tolist(),
         static_std=static_std.tolist(),
+        target_centres=centres,
+        target_scales=scales,
+        target_anchor=kind == "level",
     ).to_dict()
 
 
@@ -181,7 +232,8 @@ def random_batch(
         "encoder_cont": torch.randn(batch_size, e, len(schema.encoder_columns), device=device),
         "decoder_known": torch.randn(batch_size, h, len(schema.known), device=device),
         "static_cat": torch.zeros(batch_size, 1 if groups else 0, dtype=torch.long, device=device),
-        "static_real": torch.randn(batch_size, len(schema.static), device=device),
+        "static_real": torch.randn(batch_size, len(schema.static_inputs), device=device),
         "target": torch.randn(batch_size, h, device=device),
         "target_last": torch.randn(batch_size, device=device),
+        "target_scale": torch.ones(batch_size, device=device),
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from foxhunt_serve.scaling import SCALE_INPUT
 
 from foxhunt.data.columns import (
     OHLCV_FIELDS,
@@ -69,15 +70,30 @@ def features(schema: DataSchema, cfg: Any) -> dict[str, dict[str, Any]]:
         else:
             source = {"source": "column", "column": name}
         out[name] = {"role": role, **source, "mean": float(mean), "std": float(std)}
-    for name, mean, std in zip(schema.static, schema.static_mean, schema.static_std, strict=True):
-        out[name] = {
-            "role": "static",
-            "source": "column",
-            "column": name,
-            "mean": float(mean),
-            "std": float(std),
-        }
+    statics = zip(schema.static_inputs, schema.static_mean, schema.static_std, strict=True)
+    for name, mean, std in statics:
+        if name in schema.static:
+            source = {"source": "column", "column": name}
+        else:  # the target scale's input, of model.json's target.stds (foxhunt_serve.scaling)
+            source = {"source": SCALE_INPUT}
+        out[name] = {"role": "static", **source, "mean": float(mean), "std": float(std)}
     return out
+
+
+def target_section(schema: DataSchema) -> dict[str, Any]:
+    """The target, and the centre and scale it is normalized with: the pooled ones (`mean`,
+    `std`: an instrument not in the model's vocabulary), each instrument's (`means`, `stds`, in
+    the vocabulary's order; none: the pooled for all); `anchored`: a level forecast as its
+    move from the last value (in the graph)."""
+    return {
+        "name": schema.target,
+        "kind": schema.target_kind,
+        "mean": schema.target_center,
+        "std": schema.target_scale,
+        "means": schema.target_centres,
+        "stds": schema.target_scales,
+        "anchored": schema.target_anchor,
+    }
 
 
 def columns_read(cfg: Any, schema: DataSchema) -> list[str]:

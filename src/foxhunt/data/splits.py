@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from foxhunt_serve.scaling import SCALE_INPUT, lookup, scale_input
 
 from foxhunt.config import parse_time
 from foxhunt.errors import DataError
@@ -162,16 +163,26 @@ def normalized_statics(
     schema: dict[str, Any], names: list[str], statics: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each series' index in the schema's instrument vocabulary (0 for one unnamed series), and
-    the normalized static reals by that index [max(groups, 1), static]. Indexing the schema's
+    the normalized static reals by that index [max(groups, 1), static inputs] (the target
+    scale's input last with data.target_scale=instrument). Indexing the schema's
     vocabulary keeps a subset of a checkpoint's instruments embedding right."""
     vocab = {g: i for i, g in enumerate(schema["groups"])}
     group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
-    static = np.zeros((max(len(schema["groups"]), 1), len(schema["static"])))
+    columns = list(schema["static"])
     mean, std = schema["static_mean"], schema["static_std"]
+    if schema.get("target_scales"):  # the target scale's input: its log, relative to the pooled
+        pooled = schema["input_mean"][0], schema["input_std"][0]
+        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, group_of_series)
+        statics = [
+            np.append(st, sc)
+            for st, sc in zip(statics, scale_input(scale[1], pooled[1]), strict=True)
+        ]
+        columns.append(SCALE_INPUT)
+    static = np.zeros((max(len(schema["groups"]), 1), len(columns)))
     for g, st in zip(group_of_series, statics, strict=True):
         static[g] = (st - mean) / np.asarray(std)
     groups = schema["groups"] or [None]
-    check_normalized(as_float32(static), schema["static"], mean, std, lambda g: groups[g])
+    check_normalized(as_float32(static), columns, mean, std, lambda g: groups[g])
     return group_of_series, static
 
 

@@ -17,7 +17,7 @@ one chunk; its folder then holds
     known.f32    [rows, known]                 the trailing columns of inputs, contiguous
     group.i64    [rows]                        index in the schema's instrument vocabulary
     time.i64     [rows]                        each row's time, int64 ns UTC (for the baselines)
-    static.npy   [groups, static]              normalized static reals
+    static.npy   [groups, static]              normalized static reals (and target scale)
     train.i64, val.i64, test.i64               window starts of each split
 
 `split_windows` is the data module's use of either: the chronological splits, the training rows'
@@ -33,10 +33,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from foxhunt_serve.scaling import moments
 from torch.utils.data import Dataset
 
 from foxhunt.data.read import Loaded, Series
-from foxhunt.data.schema import drop_features, found_schema
+from foxhunt.data.schema import DataSchema, drop_features, found_schema
 from foxhunt.data.splits import (
     SPLITS,
     Cuts,
@@ -73,6 +74,7 @@ class WindowDataset(Dataset):
         prediction_length: int,
         has_groups: bool,
         time_ns: torch.Tensor | None = None,
+        target_scale: torch.Tensor | None = None,
     ) -> None:
         self.inputs = inputs  # [rows, 1 + observed + known], normalized
         self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
@@ -81,6 +83,8 @@ class WindowDataset(Dataset):
         self.static_real = static_real  # [groups, static]
         # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
         self.time_ns = time_ns
+        # [groups + 1] each instrument's target scale in its own units, then the pooled one
+        self.target_scale = torch.ones(1) if target_scale is None else target_scale
         self.starts = torch.from_numpy(starts)
         self.enc_offsets = torch.arange(encoder_length)
         self.dec_offsets = torch.arange(encoder_length, encoder_length + prediction_length)
@@ -101,6 +105,7 @@ class WindowDataset(Dataset):
             "static_real": self.static_real[group],
             "target": self.target[dec],
             "target_last": self.target[enc[:, -1]],
+            "target_scale": self.target_scale[group],  # for metrics in the target's units
             "index": s,  # the window's first row: which sample this is
         }
 
@@ -133,6 +138,7 @@ class WindowArrays:
     static: np.ndarray  # [groups, static] float32: normalized static reals
     time_ns: np.ndarray  # [rows] int64 ns UTC
     starts: dict[str, np.ndarray]  # each split's window starts (int64 rows)
+    target_scale: np.ndarray  # [groups + 1] float32: each instrument's (`group_scales`)
 
     def datasets(
         self, encoder_length: int, prediction_length: int, has_groups: bool
@@ -154,6 +160,7 @@ class WindowArrays:
                 prediction_length,
                 has_groups,
                 time_ns,
+                torch.from_numpy(self.target_scale),
             )
             for split, starts in self.starts.items()
         }
@@ -164,15 +171,32 @@ def encoder_rows(s: Series) -> np.ndarray:
     return np.column_stack([s.target, s.observed, s.known])
 
 
+def group_scales(schema: dict[str, Any]) -> np.ndarray:
+    """[groups + 1] float32: the target scale of each instrument index of schema dict `schema`,
+    then the pooled one (an instrument it has not seen)."""
+    groups = np.arange(len(schema["groups"]) + 1)
+    return DataSchema.from_dict(schema).target_of(groups)[1].astype(np.float32)
+
+
 def normalize_rows(
-    rows: np.ndarray, schema: dict[str, Any], instrument_of: Callable[[int], str | None]
+    rows: np.ndarray,
+    schema: dict[str, Any],
+    group: np.ndarray,
+    instrument_of: Callable[[int], str | None],
 ) -> np.ndarray:
     """Float64 rows of schema dict `schema`'s encoder columns, normalized in place with its
-    statistics, as float32. A DataError names the column (and the instrument of
-    `instrument_of(row)`) where one is not finite."""
+    statistics (the target's with those of each row's instrument index in `group`), as
+    float32. A DataError names the column (and the instrument of `instrument_of(row)`) where
+    one is not finite."""
     mean, std = schema["input_mean"], schema["input_std"]
+    target = None
+    if schema.get("target_scales"):  # each instrument on its own (foxhunt_serve.scaling)
+        centre, scale = DataSchema.from_dict(schema).target_of(group)
+        target = (rows[:, 0] - centre) / scale
     rows -= np.asarray(mean)
     rows /= np.asarray(std)
+    if target is not None:
+        rows[:, 0] = target
     normalized = as_float32(rows)
     columns = [schema["target"], *schema["observed"], *schema["known"]]
     check_normalized(normalized, columns, mean, std, instrument_of)
@@ -262,15 +286,17 @@ class WindowBuilder:
         def instrument_of(row: int) -> str:
             return self.names[int(np.searchsorted(offsets, row, side="right")) - 1]
 
-        inputs = normalize_rows(rows, schema, instrument_of)
+        group = np.repeat(group_of_series, self.lengths)
+        inputs = normalize_rows(rows, schema, group, instrument_of)
         return WindowArrays(
             inputs=inputs,
             target=np.ascontiguousarray(inputs[:, 0]),
             known=np.ascontiguousarray(inputs[:, inputs.shape[1] - len(schema["known"]) :]),
-            group=np.repeat(group_of_series, self.lengths),
+            group=group,
             static=static,
             time_ns=np.concatenate(self._times),
             starts={split: np.concatenate(st) for split, st in self._starts.items()},
+            target_scale=group_scales(schema),
         )
 
 
@@ -334,14 +360,14 @@ class DiskWindowBuilder(WindowBuilder):
                 def instrument_of(row: int) -> str:
                     return self.names[ordinal[row]]  # noqa: B023 - called before the next chunk
 
-                inputs = normalize_rows(rows, schema, instrument_of)
+                inputs = normalize_rows(rows, schema, group_of_series[ordinal], instrument_of)
                 inputs.tofile(inputs_f)
                 np.ascontiguousarray(inputs[:, 0]).tofile(target_f)
                 np.ascontiguousarray(inputs[:, len(keep) - known :]).tofile(known_f)
                 group_of_series[ordinal].tofile(group_f)
         scratch.unlink()
         ordinals.unlink()
-        return on_disk(self.folder, self.rows, len(keep), known, self.counts)
+        return on_disk(self.folder, self.rows, len(keep), known, self.counts, schema)
 
 
 def _memmap(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -352,10 +378,11 @@ def _memmap(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def on_disk(
-    folder: Path, rows: int, columns: int, known: int, counts: dict[str, int]
+    folder: Path, rows: int, columns: int, known: int, counts: dict[str, int], schema: dict
 ) -> WindowArrays:
     """The arrays a DiskWindowBuilder wrote to `folder` (`rows` of `columns` encoder columns,
-    `known` of them known inputs; `counts` windows of each split), as memmaps."""
+    `known` of them known inputs; `counts` windows of each split; normalized with schema dict
+    `schema`), as memmaps."""
     return WindowArrays(
         inputs=_memmap(folder / "inputs.f32", np.float32, (rows, columns)),
         target=_memmap(folder / "target.f32", np.float32, (rows,)),
@@ -364,6 +391,7 @@ def on_disk(
         static=np.load(folder / "static.npy"),
         time_ns=_memmap(folder / "time.i64", np.int64, (rows,)),
         starts={s: _memmap(folder / f"{s}.i64", np.int64, (n,)) for s, n in counts.items()},
+        target_scale=group_scales(schema),
     )
 
 
@@ -376,12 +404,15 @@ def split_windows(
     what summary.json records of the splits (`splits.split_record`)."""
     E, H = cfg.encoder_length, cfg.prediction_length
     spans: dict[str, Any] = {}
+    target_moments = []  # each instrument's training targets' (foxhunt_serve.scaling)
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
         spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
+        target_moments.append(moments(s.target[train], loaded.target_kind))
         builder.add(s.name, encoder_rows(s), s.time_ns, starts, s.static, train)
     mean, std, constant = builder.statistics()
-    found = found_schema(loaded, cfg, builder.names, mean, std, np.stack(builder.statics))
+    stats = (mean, std, target_moments)
+    found = found_schema(loaded, cfg, builder.names, stats, np.stack(builder.statics))
     schema = resolve(found, constant)
     arrays = builder.normalize(schema, drop_features(found, schema["dropped"])[1])
     return schema, arrays, {"cuts": cuts.to_dict(), "instruments": spans}

@@ -74,9 +74,10 @@ def forecast_table(
     strategy runs beside the model's)."""
     n, h = len(dataset), schema.prediction_length
     start = dataset.starts
-    scale, center = schema.target_scale, schema.target_center
+    # each window's instrument's (foxhunt_serve.scaling), [n, 1] against its steps
+    center, scale = (x[:, None] for x in schema.target_of(dataset.group[start].numpy()))
     facts = window_facts(dataset, schema)
-    values = pred.astype(np.float64) * scale + center
+    values = pred.astype(np.float64) * scale[..., None] + center[..., None]
     actual = facts.actual * scale + center
     if schema.target_kind == "return":
         naive = np.zeros_like(actual)
@@ -86,13 +87,13 @@ def forecast_table(
     utc = pa.timestamp("ns", tz="UTC")
     theirs = {}
     if raw is not None:
-        own = raw.astype(np.float64) * scale + center
+        own = raw.astype(np.float64) * scale[..., None] + center[..., None]
         theirs |= {
             RAW_PREFIX + quantile_column(q): own[:, :, j].ravel() for j, q in enumerate(quantiles)
         }
     if baseline is not None:
         name, forecasts = baseline
-        values_b = forecasts.astype(np.float64) * scale + center
+        values_b = forecasts.astype(np.float64) * scale[..., None] + center[..., None]
         theirs["baseline"] = pa.array([name] * (n * h), pa.string()).dictionary_encode()
         theirs |= {
             f"baseline_{quantile_column(q)}": values_b[:, :, j].ravel()
@@ -107,7 +108,7 @@ def forecast_table(
             **{quantile_column(q): values[:, :, j].ravel() for j, q in enumerate(quantiles)},
             "actual": actual.ravel(),
             "naive": naive.ravel(),
-            "target_scale": np.full(n * h, scale),
+            "target_scale": np.repeat(scale[:, 0], h),
             **theirs,
         }
     )

@@ -53,6 +53,10 @@ class TemporalFusionTransformer(nn.Module):
     ``monotone`` it is one forecast per horizon step added to the monotone head's quantiles (a
     shift, which keeps them in order); without, one per quantile added to the independent heads.
 
+    ``anchor`` (a level target, such as a price) feeds the target's history as its moves from the
+    last value and forecasts the move from it, added back to the output: the naive forecast is
+    the model's zero, and a price level is never extrapolated from a z-score.
+
     ``monotone`` (not in Lim et al.) makes the quantile outputs non-decreasing in the level for
     any weights (`MonotoneQuantiles`): the quantiles must then be given in increasing order.
 
@@ -78,6 +82,7 @@ class TemporalFusionTransformer(nn.Module):
         highway: bool,
         monotone: bool,
         highway_first: bool,
+        anchor: bool = False,
     ) -> None:
         super().__init__()
         if min(num_observed, num_known, num_static_real) < 0:
@@ -107,6 +112,7 @@ class TemporalFusionTransformer(nn.Module):
         self.num_static_cat = len(static_cardinalities)
         self.num_static_real = num_static_real
         self.num_static_vars = self.num_static_cat + num_static_real
+        self.anchor = anchor
         # the parts in the order of their parameters (the same seed gives the same weights)
         self._build_inputs(static_cardinalities, variable_dim)
         self._build_variable_selections(variable_dim, dropout)
@@ -225,6 +231,9 @@ class TemporalFusionTransformer(nn.Module):
         encoder_cont = x["encoder_cont"]
         decoder_known = x["decoder_known"]
         self._check_inputs(encoder_cont, decoder_known)
+        last = encoder_cont[:, -1:, :1]  # [B, 1, 1] the target's last value
+        if self.anchor:  # a level: its history, and the forecast, as moves from the last value
+            encoder_cont = torch.cat([encoder_cont[..., :1] - last, encoder_cont[..., 1:]], -1)
         enc_len, dec_len = encoder_cont.shape[1], decoder_known.shape[1]
         encoder_real, decoder_real = self._with_relative_time(encoder_cont, decoder_known)
 
@@ -254,6 +263,8 @@ class TemporalFusionTransformer(nn.Module):
         enriched = self.static_enrichment(lstm_output, enrichment_context)
         output, attention = self._attend(enriched, lstm_output, enc_len, dec_len, need_weights)
         prediction = self._quantile_outputs(output, encoder_cont, decoder_known)
+        if self.anchor:
+            prediction = prediction + last
 
         if not need_weights:
             return prediction, {}

@@ -52,8 +52,9 @@ def onnx_inputs(schema: DataSchema) -> list[dict[str, Any]]:
     if schema.known:
         inputs.append(_input("encoder_known", ["batch", e, len(schema.known)], schema.known))
         inputs.append(_input("decoder_known", ["batch", h, len(schema.known)], schema.known))
-    if schema.static:
-        inputs.append(_input("static_real", ["batch", len(schema.static)], schema.static))
+    static = schema.static_inputs  # the data's, then the target scale's
+    if static:
+        inputs.append(_input("static_real", ["batch", len(static)], static))
     if schema.groups:
         inputs.append({"name": "instrument", "dtype": "int64", "shape": ["batch"]})
     return inputs
@@ -83,7 +84,7 @@ def onnx_feed(batch: Mapping[str, Tensor], schema: DataSchema) -> dict[str, np.n
     feed = {"encoder_observed": enc[..., :observed]}
     if schema.known:
         feed |= {"encoder_known": enc[..., observed:], "decoder_known": batch["decoder_known"]}
-    if schema.static:
+    if schema.static_inputs:
         feed["static_real"] = batch["static_real"]
     if schema.groups:
         feed["instrument"] = batch["static_cat"][:, 0]

@@ -108,7 +108,8 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "num_known": len(schema.known),
         "prediction_length": schema.prediction_length,
         "static_cardinalities": [len(schema.groups)] if schema.groups else [],
-        "num_static_real": len(schema.static),
+        "num_static_real": len(schema.static_inputs),  # with the target scale's
+        "anchor": schema.target_anchor,
         "hidden_dim": model["hidden_dim"],
         "num_heads": model["num_heads"],
         "lstm_layers": model["lstm_layers"],
@@ -347,11 +348,11 @@ class TFTModule(L.LightningModule):
         median = pred[..., self.median_index]
         m = self.metrics[stage]
         m["loss"].update(pred, target)
-        # MAE in the target's own units: undo the scaling (the centre cancels)
-        m["mae"].update(median * self.schema.target_scale, target * self.schema.target_scale)
+        # MAE in the target's own units: undo each window's scaling (the centre cancels)
+        scale = batch["target_scale"][:, None]
+        m["mae"].update(median * scale, target * scale)
         if "mae_bps" in m:
-            scale = self.schema.target_scale * 1e4
-            m["mae_bps"].update(median * scale, target * scale)
+            m["mae_bps"].update(median * scale * 1e4, target * scale * 1e4)
         m["directional_accuracy"].update(median, target, reference)
         m["coverage"].update(pred[..., 0], pred[..., -1], target)
         m["baseline_loss"].update(reference.unsqueeze(-1).expand_as(pred), target)
