@@ -11,6 +11,6 @@ from tests.helpers import check_control
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["static", "ar1"])
+@pytest.mark.parametrize("name", ["static", "ar1", "volatility"])
 def test_the_default_recipe_finds_what_is_planted_too(tmp_path, name):
     check_control(tmp_path, name)

@@ -10,7 +10,11 @@ read the way a user's file is (`data=parquet`, the derived `ohlcv` features):
   doubles the volatility of the bar where it is set;
 * ``static``: a static covariate ``vol_scale`` (log of each instrument's volatility scale, drawn
   from 0.4 to 2.5x);
-* ``ar1``: an AR(1) return with coefficient 0.3 and no extra column at all.
+* ``ar1``: an AR(1) return with coefficient 0.3 and no extra column at all;
+* ``volatility``: instruments whose volatilities differ 8x (geometrically spaced), each with
+  the same unitless ``signal`` = its next bar's standardized return plus noise of unit
+  variance (correlation 0.71 in every name): a panel on one pooled scale hides the quiet names'
+  signal under the loud names' noise (data.target_scale).
 
 Returns are Gaussian given what is known at the forecast's origin one bar ahead, so the
 oracle's quantiles ``mean + std * z_q`` are exact at horizon 1 (beyond it under GARCH: the exact
@@ -38,7 +42,7 @@ from foxhunt.evaluation.forecasts import forecast_table
 from foxhunt.evaluation.stats import pinball_per_quantile
 from foxhunt.files import write_atomic
 
-CONTROLS = ("observed", "known", "static", "ar1")
+CONTROLS = ("observed", "known", "static", "ar1", "volatility")
 SIGMA = 0.01  # the long-run daily return std of a unit-scale instrument
 # GARCH(1,1) volatility clustering (persistence 0.98, as daily index returns) under these
 # controls: the recipe must find the planted signal beside a volatility worth forecasting
@@ -46,8 +50,10 @@ ALPHA, BETA = 0.08, 0.90
 CLUSTERED = ("observed",)
 AR = 0.3  # the ar1 control's coefficient
 EVENT_P, EVENT_MEAN, EVENT_VOL = 0.1, 1.0 * SIGMA, 2.0  # the known control's flag
-EXTRA = {"observed": "signal", "known": "event", "static": "vol_scale"}
+VOL_RANGE = 8.0  # the volatility control's loudest name's volatility over its quietest's
+EXTRA = {"observed": "signal", "known": "event", "static": "vol_scale", "volatility": "signal"}
 ROLE = {"observed": "extra_features", "known": "known_features", "static": "static_features"}
+ROLE["volatility"] = "extra_features"
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,10 @@ class Control:
             var2 = SIGMA**2 * (1 - ALPHA - BETA) + ALPHA * (mean1**2 + cond1) + BETA * var1
             later = _variance_path(var2, horizon - 1)
             return np.where(horizon == 1, mean1, 0.0), np.sqrt(np.where(horizon == 1, cond1, later))
+        if self.name == "volatility":  # signal[t] = z[t + 1] + unit noise: half of z's variance
+            std = np.sqrt(var1)
+            mean1 = 0.5 * std * s.planted[origin]
+            return np.where(horizon == 1, mean1, 0.0), np.where(horizon == 1, np.sqrt(0.5), 1) * std
         var = _variance_path(var1, horizon)
         if self.name == "known":
             event = s.planted[target]
@@ -116,9 +126,13 @@ def _garch(shocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return u, next_var
 
 
-def _returns(name: str, rng: np.random.Generator, bars: int) -> Series:
-    """One instrument's returns under control `name`."""
+def _returns(name: str, rng: np.random.Generator, bars: int, scale: float = 1.0) -> Series:
+    """One instrument's returns under control `name` (`scale`: its volatility's, for the
+    volatility control)."""
     z = rng.normal(size=bars)
+    if name == "volatility":
+        signal = np.append(z[1:], 0.0) + rng.normal(size=bars)
+        return Series(scale * SIGMA * z, np.full(bars, (scale * SIGMA) ** 2), signal)
     # volatility clusters under the planted column, as on the real bars where it was missed;
     # the other controls keep a constant volatility, so their oracle's gain is what they plant
     u, next_var = _garch(z) if name in CLUSTERED else (SIGMA * z, np.full(bars, SIGMA**2))
@@ -154,7 +168,8 @@ def make_control(
     series = {}
     for i in range(instruments):
         symbol = f"S{i:02d}"
-        s = series[symbol] = _returns(name, rng, bars)
+        scale = VOL_RANGE ** (i / max(instruments - 1, 1)) if name == "volatility" else 1.0
+        s = series[symbol] = _returns(name, rng, bars, scale)
         close = 100 * np.exp(np.cumsum(s.returns))
         open_ = np.concatenate([[100.0], close[:-1]])
         wick = np.abs(rng.normal(scale=0.3 * SIGMA, size=(2, bars)))
