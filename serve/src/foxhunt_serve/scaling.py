@@ -36,18 +36,17 @@ def moments(target: np.ndarray, kind: str) -> tuple[int, float, float, float]:
     return len(target), centre, float(moves.mean()), float(moves.var())
 
 
-def pooled(found: list[tuple[int, float, float, float]], kind: str) -> tuple[float, float]:
-    """The centre and scale of every instrument's training targets together (`moments` each):
-    the rows' mean (a level's; 0 for returns) and the std of all moves about their mean."""
+def pooled_scale(found: list[tuple[int, float, float, float]], kind: str) -> float:
+    """The scale of every instrument's training targets together (`moments` each): the std of
+    all their moves about the moves' common mean (1 where there are none)."""
     rows = np.array([m[0] for m in found], np.float64)
     moves = np.maximum(rows - 1, 0) if kind == "level" else rows
     if moves.sum() == 0:
-        return 0.0, 1.0
-    centre = float((rows * [m[1] for m in found]).sum() / max(rows.sum(), 1))
+        return 1.0
     mean = np.array([m[2] for m in found])
     grand = (moves * mean).sum() / moves.sum()
     var = (moves * (np.array([m[3] for m in found]) + (mean - grand) ** 2)).sum() / moves.sum()
-    return centre, float(np.sqrt(var)) if var > 1e-24 else 1.0
+    return float(np.sqrt(var)) if var > 1e-24 else 1.0
 
 
 def instrument_scales(

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from foxhunt_serve.scaling import SCALE_INPUT, instrument_scales, lookup, pooled, scale_input
+from foxhunt_serve.scaling import SCALE_INPUT, instrument_scales, lookup, pooled_scale, scale_input
 
 from foxhunt.data.columns import ColumnPlan, column_plan
 from foxhunt.data.names import resolve_data
@@ -173,7 +173,7 @@ def found_schema(
     if kind == "return":
         mean[0] = 0.0
     else:  # anchored: the level's moves (foxhunt_serve.scaling)
-        std[0] = pooled(moments, kind)[1]
+        std[0] = pooled_scale(moments, kind)
     centres, scales = [], []
     if cfg.group_column and str(getattr(cfg, "target_scale", "global")) == "instrument":
         centres, scales = instrument_scales(moments, kind, mean[0], std[0])
