@@ -1,7 +1,7 @@
 """Print pip constraints that pin every dependency of pyproject.toml and serve/pyproject.toml
 to its floor.
 
-`pip install -c <(python .ci/floors.py) -e ./serve -e ".[...]"` then installs the oldest
+`pip install -c <(python .ci/floors.py) -e ".[...]"` then installs the oldest
 versions foxhunt claims to work with, so a floor that is too low fails CI instead of a user's
 install.
 """

@@ -58,7 +58,7 @@ def run_control(
     )
     if done.returncode != 0:
         raise RuntimeError(f"control {name}: train.py failed:\n{done.stderr[-3000:]}")
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = json.loads((run_dir / "summary.json").read_text())
     result = score(control, pq.read_table(run_dir / "test_forecasts.parquet"))
     result["passed"] = passed(result)
     cfg = compose_train(args)

@@ -4,7 +4,6 @@ The plain functions they are built from live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from foxhunt.config import DataConfig
 from tests.helpers import (
     TINY_MODEL,
     make_table,
+    printed_summary,
     run_script,
     shared_dir,
     tiny_overrides,
@@ -189,14 +189,16 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     TFT), shared by the tests that read a trained run: trained once per session for all workers."""
     with shared_dir(tmp_path_factory, "tiny_run") as (root, fresh):
         data, run = root / "bars.parquet", root / "run"
-        args = [*tiny_overrides(data, "trainer.max_epochs=1"), *TINY_MODEL, f"hydra.run.dir={run}"]
+        # the progress bar on: into a capture (not a terminal) it is a line per epoch
+        once = ("trainer.max_epochs=1", "trainer.enable_progress_bar=true")
+        args = [*tiny_overrides(data, *once), *TINY_MODEL, f"hydra.run.dir={run}"]
         if fresh:
             write_table(data, make_table({"AAA": 300, "BBB": 200}))
             code, out, err = run_script("train.py", *args)
             assert code == 0, err[-3000:]
             (root / "stdout.txt").write_text(out)
     out = (root / "stdout.txt").read_text()
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = printed_summary(out)
     return SimpleNamespace(
         root=root, data=data, run=run, args=args, summary=summary, out=out,
         ckpt=Path(summary["best_checkpoint"]),

@@ -7,6 +7,7 @@ conftest.py. Test modules import from here, never from each other.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from foxhunt.app.console import summary_path
 from foxhunt.app.train import train
 from foxhunt.conf import CONF_DIR
 from foxhunt.config import DataConfig, register_configs
@@ -461,6 +463,12 @@ def run_script(script: str, *args: str, full_error: bool = False) -> tuple[int, 
         finally:
             GlobalHydra.instance().clear()
     return code, out.getvalue(), err.getvalue()
+
+
+def printed_summary(stdout: str) -> dict:
+    """The summary a `foxhunt train` or `foxhunt backtest` names on its last line, read from
+    its file (summary.json, backtest_summary.json): what a script that wants every figure does."""
+    return json.loads(summary_path(stdout.strip().splitlines()[-1]).read_text())
 
 
 def command_of(script: str) -> str:

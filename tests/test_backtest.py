@@ -35,6 +35,7 @@ from tests.helpers import (
     contracts_table,
     listing,
     make_table,
+    printed_summary,
     run_cli,
     tiny_overrides,
     wait_for,
@@ -354,7 +355,7 @@ def test_killed_backtest_resumes_at_its_fold(tmp_path, table_path):
     assert resumed["resumed_from"] == str(last.resolve()) and resumed["epochs"] == 3
     fresh = json.loads((backtest_dir / "fold-2" / "summary.json").read_text())
     assert fresh["resumed_from"] is None
-    summary = json.loads(result.stdout.strip().splitlines()[-1])  # printed last
+    summary = printed_summary(result.stdout)  # its file named last
     assert summary == json.loads((backtest_dir / "backtest_summary.json").read_text())
     # before it, the pooled figures for a person, ending with the report's path
     person = result.stdout.strip().splitlines()[-2]

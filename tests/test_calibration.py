@@ -15,7 +15,15 @@ from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.files import read_export
-from tests.helpers import compose_train, make_table, tiny_overrides, write_table
+from tests.helpers import (
+    FIVE_MIN,
+    T0,
+    compose_train,
+    make_table,
+    tiny_overrides,
+    with_,
+    write_table,
+)
 
 BRIEF = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
 
@@ -49,7 +57,7 @@ def test_the_calibration_is_fitted_without_the_test_targets(tmp_path):
 def test_a_run_reports_its_calibration_and_every_file_carries_it(tmp_path):
     summary = _run(tmp_path, "run", make_table({"AAA": 400, "BBB": 400}))
     cal = summary["calibration"]
-    assert cal["method"] == "aci" and cal["fitted_on"] == "validation"  # the default
+    assert cal["method"] == "aci" and cal["fitted_on"] == "calibration"  # the defaults
     assert set(cal["methods"]) == {"cqr", "aci"}
     for figures in (cal["before"], cal["after"]):
         outer = figures["intervals"][0]
@@ -96,17 +104,19 @@ def test_bad_calibration_settings_are_one_line(tmp_path, override, message):
 
 def test_a_calibration_share_is_held_out_of_validation_and_fits_the_calibration(tmp_path):
     """data.calibration_share: the last share of the validation dates' windows are the
-    calibration windows alone (after every window validation keeps, none in both); early
-    stopping sees the rest, the calibration is fitted on them and says so everywhere."""
+    calibration windows alone (after every window validation keeps, none in both, the embargo
+    between them in neither); early stopping sees the rest, the calibration is fitted on them
+    and says so everywhere."""
     cols = make_table({"AAA": 400, "BBB": 300})
     path = write_table(tmp_path / "bars.parquet", cols)
     cfg = compose_train(*tiny_overrides(path, "data.calibration_share=0.4"))
-    whole = ParquetDataModule(compose_train(*tiny_overrides(path)).data)
+    whole = ParquetDataModule(compose_train(*tiny_overrides(path, "data.calibration_share=0")).data)
     held = ParquetDataModule(cfg.data)
     whole.setup()
     held.setup()
     val, cal = held.datasets["val"], held.datasets["calibration"]
-    assert len(val) + len(cal) == len(whole.datasets["val"]) and len(val) and len(cal)
+    embargoed = len(whole.datasets["val"]) - len(val) - len(cal)  # the windows across the cut
+    assert 0 < embargoed <= 2 * (whole.cfg.prediction_length - 1) and len(val) and len(cal)
     first = {k: d.target_times(np.arange(len(d)))[:, 0] for k, d in (("val", val), ("cal", cal))}
     assert first["val"].max() < first["cal"].min()
     assert len(held.val_dataloader(sharded=False).dataset) == len(val)
@@ -117,3 +127,46 @@ def test_a_calibration_share_is_held_out_of_validation_and_fits_the_calibration(
     assert stored["fitted_on"] == "calibration"
     with pytest.raises(ConfigError, match="data.calibration_share must be in"):
         train(compose_train(*tiny_overrides(path, "data.calibration_share=1")), tmp_path / "x")
+
+
+# name: (first bar, last bar, bars missing); the timeline is 1000 bars, validation targets from
+# bar 600 to before 796, so half of them held out starts the calibration period near bar 697
+HISTORIES = {
+    "FULL": (0, 1000, ()),
+    "LATE": (650, 1000, ()),  # listed in the validation period
+    "GAP": (0, 1000, range(690, 720)),  # a gap across the cut
+    "GONE": (0, 705, ()),  # delisted just after it
+}
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_no_validation_target_falls_in_the_calibration_period(tmp_path, data_cfg, lazy):
+    """Over the whole panel, whatever each instrument's history: every validation target lies
+    before the calibration period's first target, and only the windows straddling the cut (the
+    embargo: prediction_length - 1 of a gapless series) are in neither set."""
+    cols = {k: [] for k in ("timestamp", "symbol", "f1", "f2", "k1", "y")}
+    for symbol, (a, b, missing) in HISTORIES.items():
+        bars = np.setdiff1d(np.arange(a, b), np.asarray(missing, np.int64))
+        cols["timestamp"].append(T0 + FIVE_MIN * bars)
+        cols["symbol"].append(np.full(len(bars), symbol))
+        for c in ("f1", "f2", "k1", "y"):
+            cols[c].append(np.random.default_rng(len(bars)).normal(size=len(bars)))
+    path = write_table(tmp_path / "panel.parquet", {k: np.concatenate(v) for k, v in cols.items()})
+    cfg = with_(data_cfg, path=str(path), lazy=lazy, cache_dir=str(tmp_path / "cache"))
+    whole = ParquetDataModule(with_(cfg, calibration_share=0.0))
+    held = ParquetDataModule(with_(cfg, calibration_share=0.5))
+    whole.setup()
+    held.setup()
+
+    def targets(ds) -> np.ndarray:
+        return ds.target_times(np.arange(len(ds)))
+
+    val, cal = targets(held.datasets["val"]), targets(held.datasets["calibration"])
+    cut = np.datetime64(held.splits["cuts"]["calibration_start"][:-1], "ns").astype(np.int64)
+    assert cal[:, 0].min() == cut and val.max() < cut
+    every = targets(whole.datasets["val"])
+    assert len(val) == (every[:, -1] < cut).sum() and len(cal) == (every[:, 0] >= cut).sum()
+    names = np.array(whole.schema.groups)[whole.datasets["val"].group[whole.datasets["val"].starts]]
+    straddling = (every[:, 0] < cut) & (every[:, -1] >= cut)
+    assert set(names[straddling]) == {"FULL", "LATE", "GAP", "GONE"}
+    assert (names[straddling] == "FULL").sum() == cfg.prediction_length - 1

@@ -5,18 +5,21 @@ The commands' own behaviour is tested in their modules' tests (many in the full 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import TINY_MODEL, run_script, tiny_overrides
+from tests.helpers import TINY_MODEL, printed_summary, run_script, tiny_overrides
 
 
 def _ok(script: str, *args: str) -> tuple[str, dict]:
     code, out, err = run_script(script, *args)
     assert code == 0, err[-3000:]
+    if script == "backtest.py":  # its last line names the summary's file
+        return out, printed_summary(out)
     return out, json.loads(out.strip().splitlines()[-1])
 
 
@@ -25,7 +28,25 @@ def test_train_writes_its_run_and_says_what_it_found(tiny_run):
     assert tiny_run.ckpt.is_file() and (tiny_run.run / "summary.json").is_file()
     assert {"val_loss", "test_loss", "skill"} <= set(s["metrics"])
     assert (tiny_run.run / ".hydra" / "config.yaml").is_file()  # the data config it used
-    assert "skill" in tiny_run.out  # the lines for a person before the JSON line
+    assert "skill" in tiny_run.out  # the lines for a person before the last line
+
+
+def test_train_ends_with_a_short_line_naming_its_summary(tiny_run):
+    # the run directory, the headline and where summary.json is; not summary.json itself
+    last = tiny_run.out.strip().splitlines()[-1]
+    assert last.startswith(f"run {tiny_run.run}: skill ")
+    assert last.endswith(f"; every figure in {tiny_run.run / 'summary.json'}")
+    assert len(last) < 150 + 2 * len(str(tiny_run.run))
+
+
+def test_train_into_a_capture_prints_a_line_per_epoch_not_a_progress_bar(tiny_run):
+    # stdout is not a terminal here, and tiny_run leaves the progress bar on
+    epochs = [line for line in tiny_run.out.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 1, tiny_run.out[-3000:]
+    assert re.fullmatch(
+        r"epoch 1/1, step 4: train loss [\d.]+, val loss [\d.]+, [\d.]+ s", epochs[0]
+    )
+    assert "\r" not in tiny_run.out and "it/s" not in tiny_run.out
 
 
 @pytest.mark.parametrize("where", ["in its run", "moved out of its run"])

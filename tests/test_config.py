@@ -198,6 +198,18 @@ def test_unknown_key_fails_at_composition():
         ("data.split.val_start=yesterday", "data.split.val_start=yesterday is not an ISO date"),
         ("data.split.embargo=-1", "data.split.embargo must be >= 0 bars"),
         ("data.calendar.time_zone=Mars/Olympus", "data.calendar: no time zone 'Mars/Olympus'"),
+        ("eval.execution_lag=100000", "eval.execution_lag=100000 trades the forecast of bar"),
+        (
+            ["eval.execution_lag=8", "data.prediction_length=8"],
+            "beyond data.prediction_length=8: lower the lag or forecast further",
+        ),
+        ("eval.book_min_names=1", "eval.book_min_names must be >= 2, got 1"),
+        ("data.target=timestamp", "data.target=timestamp is the data.time_column: name the"),
+        (
+            ["data.group_column=symbol", "data.target=symbol"],
+            "data.target=symbol is the data.group_column: name the numeric column to forecast",
+        ),
+        ("eval.cost_bps=-1", "eval.cost_bps must be >= 0"),
         ("data.calendar.close=25:00", "data.calendar: calendar close '25:00' is not a time"),
         ("data.calendar.holidays=[xmas]", "data.calendar: calendar holiday 'xmas' is not an"),
         (

@@ -646,7 +646,9 @@ def test_the_consumer_reads_the_exchange_clock_as_predict(port, tmp_path, change
     datamodule.setup()
     schema, table = datamodule.schema, pq.read_table(path)
     meta = json.loads(json.dumps(_consumer_meta(cfg, schema)))  # as model.json holds it
-    assert meta["data"]["calendar"] == {**NEW_YORK, "session": "bars", "holidays": []}
+    clock = {k: v for k, v in meta["data"]["calendar"].items() if k != "sessions"}
+    assert clock == {**NEW_YORK, "session": "bars", "holidays": [], "exchange": None}
+    assert meta["data"]["calendar"]["sessions"]["weeks"]  # learned in training, carried
     monday = session_times("America/New_York", str(last + 3), str(last + 3), RTH)[:H]
     for all_windows in (False, True):
         want = build_windows(table, cfg, schema, all_windows)
@@ -686,7 +688,9 @@ def test_a_model_on_the_exchange_clock_forecasts_the_next_session(tmp_path):
     ckpt = _trained(cfg, tmp_path / "run")
     export_onnx(ckpt, tmp_path / "onnx")
     meta = json.loads((tmp_path / "onnx" / JSON_FILE).read_text())
-    assert meta["data"]["calendar"] == {**NEW_YORK, "session": "bars", "holidays": []}
+    clock = {k: v for k, v in meta["data"]["calendar"].items() if k != "sessions"}
+    assert clock == {**NEW_YORK, "session": "bars", "holidays": [], "exchange": None}
+    assert meta["data"]["calendar"]["sessions"]["weeks"]  # learned in training, carried
     code, _, stderr = run_script(
         "predict.py",
         f"ckpt_path={ckpt}",
@@ -697,7 +701,8 @@ def test_a_model_on_the_exchange_clock_forecasts_the_next_session(tmp_path):
     assert code == 0, stderr
     want = pq.read_table(tmp_path / "predict.parquet")
     monday = session_times("America/New_York", "2026-03-09", "2026-03-09", RTH)[:H]
-    assert want["target_time"].cast(pa.int64()).to_pylist() == [None] * H  # continued
+    assert want["target_time"].cast(pa.int64()).to_pylist() == monday.tolist()
+    assert want["target_time_continued"].to_pylist() == [True] * H
     code, _, stderr = consumer(tmp_path / "onnx", path, tmp_path / "onnx.parquet")
     assert code == 0, stderr
     _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)

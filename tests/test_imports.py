@@ -129,7 +129,9 @@ def test_the_architecture_doc_is_these_layers():
     assert table == [(layer, {_file(n) for n in names}) for layer, names in LAYERS]
 
 
-SERVING = {"numpy", "pyarrow", "onnxruntime", "foxhunt_serve"}  # serve/pyproject.toml's
+# serve/pyproject.toml's; exchange_calendars: its [calendars] extra, imported only when a model
+# names an exchange (foxhunt_serve.exchange)
+SERVING = {"numpy", "pyarrow", "onnxruntime", "foxhunt_serve", "exchange_calendars"}
 
 
 def test_the_serving_core_imports_its_own_dependencies_alone():

@@ -46,7 +46,8 @@ def test_a_250_instrument_panel_end_to_end(tmp_path):
     assert "Cross-sectional IC" in report.split("## ")[1]  # the headline for a panel
     # the panel's cross-sectional book: traded a bar late, costed, beside the best baseline's
     book = summary["book"]
-    assert book["names"] > 200 and book["execution_lag"] == 1 and book["cost_bps"] == 10
+    assert book["names"] > 200 and book["execution_lag"] == 1 and book["horizon"] == 2
+    assert book["cost_bps"] == summary["strategy"]["cost_bps"]  # one cost for both
     assert {"model", "best_baseline", "market"} <= set(book) and len(book["deciles"]) == 10
     assert book["model"]["dates"] > 10 and book["model"]["turnover"] > 0
     assert "## Cross-sectional book" in report and (run / "book.png").is_file()

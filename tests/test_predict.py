@@ -104,6 +104,7 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
         "origin_time",
         "horizon",
         "target_time",
+        "target_time_continued",
         *QUANTILES,
         "actual",
     ]
@@ -209,7 +210,7 @@ def test_aci_in_predict_adapts_to_realized_targets_known_at_each_origin(trained)
 
 def test_future_times_continue_at_the_bar_interval():
     """With only calendar known inputs (features=ohlcv), missing future rows are made up from
-    the most common bar step (a session gap does not count), their target_time unknown."""
+    the most common bar step (a session gap does not count), marked continued."""
     t = np.array([0, 5, 10, 100, 105, 110]) * 60 * 10**9  # a gap after the third bar
     cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
     given = Future(t[-1:] + FIVE_MIN, {})
@@ -220,7 +221,7 @@ def test_future_times_continue_at_the_bar_interval():
     np.testing.assert_array_equal(bars, times)
     assert from_data.tolist() == [True, False, False] and user == {}
     ones = np.ones(3)
-    calendar = derive_features(times, ones, ones, ones, ones, ones).known
+    calendar = derive_features(times, ones, ones, ones, ones, ones, clock=clock_of(cfg)).known
     known = known_at(cfg, times, user)
     np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
 
@@ -353,6 +354,7 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path):
         "origin_time",
         "horizon",
         "target_time",
+        "target_time_continued",
         *QUANTILES,
         "actual",
     ]

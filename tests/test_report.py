@@ -307,8 +307,30 @@ def test_a_panel_leads_with_its_cross_sectional_ic():
     # without a cross-section (instruments that do not share dates): the loss first, as before
     printed = console_summary(panel_summary(30, cross_section=False))
     assert printed[0].startswith("test loss 0.2500")
-    assert "IC +0.021 (se 0.006, t 3.4), rank IC +0.018 (t 2.9)" in printed
+    pooled = "pooled over dates and names, not by date (too few names a date): "
+    assert pooled + "IC +0.021 (se 0.006, t 3.4), rank IC +0.018 (t 2.9)" in printed
     assert headline_section(panel_summary(30, cross_section=False)) == []
+
+
+def test_a_panel_with_a_book_leads_with_it_and_the_strategy_says_its_lag():
+    summary = panel_summary(30)
+    summary["strategy"] = {"rule": "sign", "cost_bps": 5.0, "execution_lag": 1, "sharpe": 0.5}
+    summary["strategy"] |= {"buy_and_hold": {"sharpe": 0.2}}
+    sharpe = {"sharpe": 0.69}
+    summary["book"] = {"top": 0.2, "rank": "score", "cost_bps": 5.0, "execution_lag": 1}
+    summary["book"] |= {"horizon": 2, "model": sharpe, "best_baseline": sharpe, "market": sharpe}
+    printed = console_summary(summary)
+    assert printed[0] == (
+        "cross-sectional book (top 20% long and short by score, 5 bp costs, traded 1 bar(s) "
+        "later on the horizon-2 forecast): Sharpe 0.69 after costs, best baseline's 0.69, the "
+        "market 0.69"
+    )
+    assert printed[1].startswith("cross-sectional IC")
+    assert "strategy (sign, 5 bp costs, traded 1 bar(s) later): Sharpe 0.50" in "\n".join(printed)
+    summary["book"] = {"skipped": "eval.book=cross_section needs at least 2 instruments"}
+    assert console_summary(summary)[0] == (
+        "no cross-sectional book: eval.book=cross_section needs at least 2 instruments"
+    )
 
 
 def test_a_panels_report_leads_with_its_ic_and_lists_its_splits_not_its_instruments(

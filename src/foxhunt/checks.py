@@ -44,7 +44,7 @@ def validate(cfg: Any) -> None:
     first failing check, in the order below)."""
     _check_model(cfg.model)
     _check_windows(cfg.data)
-    _check_eval(cfg.eval, cfg.calibration)
+    _check_eval(cfg.eval, cfg.calibration, cfg.data.prediction_length)
     _check_schedule(cfg.optim)
     _check_fractions(cfg.data)
     _check_split(cfg.data.split)
@@ -88,13 +88,19 @@ def _check_windows(d: Any) -> None:
     _check(d.batch_size > 0, f"data.batch_size must be positive, got {d.batch_size}")
 
 
-def _check_eval(e: Any, c: Any) -> None:
+def _check_eval(e: Any, c: Any, horizons: int) -> None:
     """eval.* and calibration.*: how the test forecasts are judged and calibrated."""
     _check(e.stride is None or e.stride > 0, f"eval.stride must be positive, got {e.stride}")
     _check(e.cost_bps >= 0, f"eval.cost_bps must be >= 0, got {e.cost_bps}")
     _check(0 < e.book_top <= 0.5, f"eval.book_top must be in (0, 0.5], got {e.book_top}")
     _check(e.execution_lag >= 0, f"eval.execution_lag must be >= 0, got {e.execution_lag}")
-    _check(e.book_cost_bps >= 0, f"eval.book_cost_bps must be >= 0, got {e.book_cost_bps}")
+    _check(
+        e.execution_lag < horizons,
+        f"eval.execution_lag={e.execution_lag} trades the forecast of bar "
+        f"{e.execution_lag + 1}, beyond data.prediction_length={horizons}: lower the lag or "
+        "forecast further",
+    )
+    _check(e.book_min_names >= 2, f"eval.book_min_names must be >= 2, got {e.book_min_names}")
     _check(0 < c.gamma < 1, f"calibration.gamma must be in (0, 1), got {c.gamma}")
     _check(c.min_windows > 0, f"calibration.min_windows must be positive, got {c.min_windows}")
 
@@ -158,10 +164,16 @@ def _check_inputs(d: Any) -> None:
         features == "ohlcv" or d.target is not None,
         "data.target is required unless data.features=ohlcv",
     )
+    for key, column in (("time_column", d.time_column), ("group_column", d.group_column)):
+        _check(
+            d.target is None or d.target != column,
+            f"data.target={d.target} is the data.{key}: name the numeric column to forecast",
+        )
 
 
 def _check_calendar(d: Any) -> None:
-    """data.calendar.*: a time zone this machine knows, a close HH:MM, ISO holidays."""
+    """data.calendar.*: a time zone this machine knows, a close HH:MM, ISO holidays, an
+    exchange exchange_calendars knows."""
     try:
         Clock.of(getattr(d, "calendar", None))
     except InputError as exc:

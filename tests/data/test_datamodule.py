@@ -31,7 +31,7 @@ def set_up(cfg) -> ParquetDataModule:
 
 
 def test_window_counts_and_boundaries(data_cfg):
-    dm = set_up(data_cfg)
+    dm = set_up(with_(data_cfg, calibration_share=0.0))  # validation whole
     E, H = data_cfg.encoder_length, data_cfg.prediction_length
     # both start at T0 (300 and 200 bars): the common timeline is AAA's 300 times, cut at
     # 60% and 80%; the embargo (H bars of the timeline) before each cut holds no target
@@ -110,7 +110,7 @@ def test_no_window_has_a_target_in_another_splits_period(tmp_path, data_cfg, laz
 
 def test_explicit_cuts_and_a_split_left_empty(data_cfg):
     split = with_(data_cfg.split, val_start="2026-01-05T12:00", test_start="2026-01-05T20:00")
-    dm = set_up(with_(data_cfg, split=split))
+    dm = set_up(with_(data_cfg, split=split, calibration_share=0.0))
     assert dm.splits["cuts"] == {
         "val_start": "2026-01-05T12:00:00Z",
         "test_start": "2026-01-05T20:00:00Z",
@@ -275,6 +275,15 @@ def test_unsorted_time(tmp_path, data_cfg):
     cols["timestamp"][[50, 51]] = cols["timestamp"][[51, 50]]
     cfg = with_(data_cfg, path=str(write_table(tmp_path / "unsorted.parquet", cols)))
     with pytest.raises(DataError, match="not strictly increasing in instrument AAA at its row 51"):
+        set_up(cfg)
+
+
+def test_a_time_given_twice_is_named_with_its_instrument(tmp_path, data_cfg):
+    cols = make_table({"AAA": 300, "BBB": 200})
+    cols["timestamp"][51] = cols["timestamp"][50]
+    cfg = with_(data_cfg, path=str(write_table(tmp_path / "twice.parquet", cols)))
+    when = f"{np.datetime64(int(cols['timestamp'][50]), 'ns').astype('datetime64[s]')}Z"
+    with pytest.raises(DataError, match=rf"instrument AAA has two rows at {when} \(its rows 50 "):
         set_up(cfg)
 
 

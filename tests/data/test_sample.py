@@ -8,11 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from foxhunt_serve.clock import Clock
 
 from foxhunt.data import sample as sample_module
 from foxhunt.data import source as source_module
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
+from foxhunt.data.sample_es import ZONE
 from foxhunt.data.schema import footer_schema
 from foxhunt.data.source import ensure_sample
 from foxhunt.errors import DataError
@@ -85,18 +87,24 @@ def test_symbols_contiguous_and_strictly_increasing(sample):
 
 
 def test_session_calendar(sample):
+    """Globex sessions on Chicago's clock (the zone the sample's config names): 17:00 to 16:00
+    local, so in UTC the session opens an hour later before the March change than after it."""
     _, table, _ = sample
     ts = _columns(table)["timestamp"]
-    day = ts // (86_400 * 10**9)
-    minute = (ts - day * 86_400 * 10**9) // (60 * 10**9)
+    local = Clock.of({"time_zone": ZONE}).local(ts)
+    day = local // (86_400 * 10**9)
+    minute = (local - day * 86_400 * 10**9) // (60 * 10**9)
     weekday = (day + 3) % 7  # Monday = 0
-    # Maintenance break 21:00-22:00 UTC: no bar starts there.
-    assert not np.any((minute >= 21 * 60) & (minute < 22 * 60))
-    # No Saturday bars; Sunday only from the 22:00 UTC Globex open; Friday ends by 21:00.
+    # Maintenance break 16:00-17:00 Chicago: no bar starts there.
+    assert not np.any((minute >= 16 * 60) & (minute < 17 * 60))
+    # No Saturday bars; Sunday only from the 17:00 Globex open; Friday ends by 16:00.
     assert not np.any(weekday == 5)
-    assert np.all(minute[weekday == 6] >= 22 * 60)
-    assert np.all(minute[weekday == 4] < 21 * 60)
+    assert np.all(minute[weekday == 6] >= 17 * 60)
+    assert np.all(minute[weekday == 4] < 16 * 60)
     assert np.any(weekday == 6)
+    # In UTC: Sunday's open at 23:00 in winter time (March 1), 22:00 in summer time (March 8).
+    opens = {str(np.datetime64(int(t), "ns"))[:16] for t in ts[weekday == 6]}
+    assert {"2026-03-01T23:00", "2026-03-08T22:00"} <= opens
     # 5-minute grid.
     assert np.all(ts % (5 * 60 * 10**9) == 0)
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from foxhunt_serve.scaling import FLOOR, MIN_ROWS, SCALE_INPUT
+from foxhunt_serve.scaling import FLOOR, MIN_ROWS, SCALE_INPUT, of_instruments
 
 import foxhunt
 from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.data.serving import target_section
 from tests.data.test_lazy import assert_same
 from tests.helpers import FIVE_MIN, T0, compose_train, tiny_overrides, with_, write_table
 
@@ -134,6 +135,59 @@ def test_a_level_is_scaled_by_its_moves_and_anchored(tmp_path, data_cfg):
         y = cols["y"][cols["symbol"] == name][:300]  # its rows before val_start (60%)
         assert centre == pytest.approx(y.mean()) and scale == pytest.approx(np.diff(y).std())
     assert dm.datasets["train"].target.abs().max() < 1e4  # no z-scored 4000-point level
+
+
+# name: (first bar, price, the std of its one-bar moves); 1000 bars, validation from bar 600:
+# a 4000-point future and stocks, LATE listed MIN_ROWS - 20 bars before the cut, NEW after it
+LEVELS = {
+    "FUT": (0, 4000.0, 5.0),
+    "STK": (0, 50.0, 0.06),
+    "LATE": (600 - MIN_ROWS + 20, 20.0, 0.024),
+    "NEW": (700, 20.0, 0.024),
+}
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_short_level_falls_back_on_the_pooled_relative_move(tmp_path, data_cfg, lazy):
+    """A late-listed $20 stock beside a 4000-point future: with too short a history (or none)
+    its scale is the pooled relative move times its own level (its training mean, or its first
+    price), not the future's points; its moves come out near unit size, and serving reads the
+    same scale from model.json's target."""
+    rng = np.random.default_rng(0)
+    cols = {k: [] for k in ("timestamp", "symbol", "f1", "f2", "k1", "y")}
+    for symbol, (a, price, move) in LEVELS.items():
+        bars = np.arange(a, 1000)
+        cols["timestamp"].append(T0 + FIVE_MIN * bars)
+        cols["symbol"].append(np.full(len(bars), symbol))
+        for c in ("f1", "f2", "k1"):
+            cols[c].append(rng.normal(size=len(bars)))
+        cols["y"].append(price + np.cumsum(rng.normal(size=len(bars)) * move))
+    cols = {k: np.concatenate(v) for k, v in cols.items()}
+    path = write_table(tmp_path / "levels.parquet", cols)
+    dm = set_up(with_(data_cfg, path=str(path), lazy=lazy, cache_dir=str(tmp_path / "cache")))
+    schema = dm.schema
+    y = {n: cols["y"][cols["symbol"] == n] for n in LEVELS}
+    train = {n: y[n][: max(600 - LEVELS[n][0], 0)] for n in LEVELS}
+    relative = np.concatenate([np.diff(t) / t[:-1] for t in train.values() if len(t)]).std()
+    centre = dict(zip(schema.groups, schema.target_centres, strict=True))
+    scale = dict(zip(schema.groups, schema.target_scales, strict=True))
+    assert 0 < len(train["LATE"]) < MIN_ROWS and len(train["NEW"]) == 0
+    assert centre["LATE"] == pytest.approx(train["LATE"].mean())
+    assert centre["NEW"] == pytest.approx(y["NEW"][0])  # its first price: no window's target
+    for name in ("LATE", "NEW"):
+        assert scale[name] == pytest.approx(relative * centre[name])
+        assert 0.5 < scale[name] / np.diff(y[name]).std() < 2  # a stock's moves, not points
+    assert scale["FUT"] > 100 * scale["LATE"]
+    # the test windows' targets as the model sees them: a late name's moves near unit size
+    ds = dm.datasets["test"]
+    for name in ("LATE", "NEW"):
+        rows = (ds.group == schema.groups.index(name)).numpy()
+        assert 0.5 < np.diff(ds.target.numpy()[rows]).std() < 2
+    # serving's scale (model.json's target) is the same, an unseen name the pooled one
+    names = np.array([*LEVELS, "UNSEEN"])
+    got = of_instruments(target_section(schema), schema.groups, names)
+    np.testing.assert_allclose(got[1], [*(scale[n] for n in LEVELS), schema.target_scale])
+    np.testing.assert_allclose(got[0], [*(centre[n] for n in LEVELS), schema.target_center])
 
 
 def test_forecasts_come_back_in_each_instruments_units(tmp_path):

@@ -13,7 +13,7 @@ from foxhunt.evaluation.run import headline_metrics, portfolio_returns
 from foxhunt.evaluation.strategy import backtest_strategy
 from tests.evaluation.test_strategy import forecast_rows
 
-EVAL = SimpleNamespace(strategy="sign", cost_bps=1.0)
+EVAL = SimpleNamespace(strategy="sign", cost_bps=1.0, execution_lag=0)
 
 
 def test_portfolio_returns_are_the_strategy_s_and_a_level_is_skipped():

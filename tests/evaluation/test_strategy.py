@@ -19,6 +19,7 @@ from foxhunt.evaluation.strategy import (
     backtest_strategy,
     buy_and_hold,
     compare,
+    held_bars,
     horizon_one,
     max_drawdown,
     plot_equity,
@@ -257,3 +258,55 @@ def test_no_plot_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     assert not plot_equity({"x": (np.arange(3), np.zeros(3))}, tmp_path / "equity.png")
     assert not (tmp_path / "equity.png").exists()
+
+
+def two_horizons(f1: np.ndarray, f2: np.ndarray, a1: np.ndarray, a2: np.ndarray, naive=0.0):
+    """One instrument's forecast table of horizons 1 and 2: medians `f1`, `f2` (quantiles 0.1
+    and 0.9 at -+0.5 around them), realised `a1`, `a2`, each origin's `naive`."""
+    n = len(f1)
+    origin = T0 + FIVE_MIN * np.arange(n)
+    utc = pa.timestamp("ns", tz="UTC")
+    naive = np.broadcast_to(np.asarray(naive, dtype=np.float64), (n,))
+    tables = []
+    for h, f, a in ((1, f1, a1), (2, f2, a2)):
+        tables.append(
+            pa.table(
+                {
+                    "instrument": pa.array(["A"] * n, pa.string()),
+                    "origin_time": pa.array(origin, utc),
+                    "horizon": pa.array(np.full(n, h, np.int32)),
+                    "target_time": pa.array(origin + h * FIVE_MIN, utc),
+                    "q0.1": f - 0.5,
+                    "q0.5": f,
+                    "q0.9": f + 0.5,
+                    "actual": a,
+                    "naive": naive,
+                    "target_scale": np.ones(n),
+                }
+            )
+        )
+    return pa.concat_tables(tables)
+
+
+def test_traded_a_bar_later_the_strategy_holds_the_bar_its_horizon_two_forecast_is_of():
+    """At lag 1 the position is the horizon-2 forecast's, held over bar 2: a horizon-2 forecast
+    that knows bar 2 earns every bar's move; a horizon-1 forecast that knows bar 1 (and a
+    horizon-2 one that repeats it) earns nothing, the returns not persisting. A level's held
+    bar returns the move from the realised level at the bar's start."""
+    rng = np.random.default_rng(7)
+    r = rng.normal(0, 0.01, 302)  # r[t]: the return of bar t + 1, bar t's close the origin
+    b1, b2 = r[:-2], r[1:-1]
+    daily = {"bars_per_year": 252.0}  # a Sharpe of a daily bar's size: 300 bars' noise gives ~1
+    later = backtest_strategy(two_horizons(b1, b2, b1, b2), "sign", 0.0, "return", lag=1, **daily)
+    assert later.per_instrument["A"]["bars"] == 300
+    np.testing.assert_allclose(later.ledger["gross"], np.abs(b2))
+    stale = backtest_strategy(two_horizons(b1, b1, b1, b2), "sign", 0.0, "return", lag=1, **daily)
+    assert abs(stale.portfolio["gross_sharpe"]) < 3 < later.portfolio["gross_sharpe"]
+    price = 100 * np.exp(np.r_[0.0, np.cumsum(r)])
+    p0, p1, p2 = price[:-3], price[1:-2], price[2:-1]
+    level = two_horizons(p1, p1 * 1.01, p1, p2, naive=p0)
+    bars = held_bars(level, "level", 1)
+    np.testing.assert_allclose(bars.returns, p2 / p1 - 1)
+    np.testing.assert_allclose(bars.median(), np.full(300, 0.01))
+    with pytest.raises(DataError, match="eval.execution_lag=2 needs data.prediction_length >= 3"):
+        held_bars(level, "level", 2)

@@ -28,6 +28,7 @@ from tests.helpers import (
     compose_train,
     make_batch,
     make_table,
+    printed_summary,
     read_only,
     run_cli,
     tiny_overrides,
@@ -307,7 +308,7 @@ def _cli(args: list[str], run_dir: Path, env: dict) -> dict:
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return printed_summary(result.stdout)
 
 
 def _assert_same_weights(a: str, b: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from foxhunt.app.console import FINAL, summary_path
 from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
@@ -45,7 +46,9 @@ REL_TOL = 1e-5
 
 
 def summaries(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run_dir"')]
+    """The summaries the runs' last lines name (`foxhunt.app.console.final_line`)."""
+    lines = [line for line in stdout.splitlines() if FINAL in line]
+    return [json.loads(summary_path(line).read_text()) for line in lines]
 
 
 def probes(run_dir: Path) -> list[dict]:
@@ -68,10 +71,9 @@ def test_two_processes_shard_sync_and_match_one_at_the_same_global_batch(tmp_pat
     (run_dir,) = (cwd / "outputs").glob("*/*")
     assert sorted(p.name for p in cwd.iterdir()) == ["outputs"]
     assert {p.name for p in run_dir.glob("*.log")} == {"train.log", "train_ddp_process_1.log"}
-    # the summary: printed once, last, and the one written (by rank 0)
+    # the summary: named once, last, and the one written (by rank 0)
     (summary,) = summaries(result.stdout)
-    assert result.stdout.strip().splitlines()[-1].startswith('{"run_dir"')
-    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert summary_path(result.stdout.strip().splitlines()[-1]) == run_dir / "summary.json"
     assert Path(summary["run_dir"]) == run_dir
     sizes = (summary["world_size"], summary["batch_size"], summary["global_batch_size"])
     assert sizes == (2, 8, 16)

@@ -18,12 +18,19 @@ import torch
 from foxhunt.app.train import train
 from foxhunt.threads import usable_cpus
 from foxhunt.training.checkpointing import Interrupted
-from tests.helpers import ROOT, compose_train, run_cli, tiny_overrides, train_until_a_checkpoint
+from tests.helpers import (
+    ROOT,
+    compose_train,
+    printed_summary,
+    run_cli,
+    tiny_overrides,
+    train_until_a_checkpoint,
+)
 
 
 def _summary(result) -> dict:
     assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return printed_summary(result.stdout)
 
 
 def _digest(directory: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.training.checkpoint_io import read_checkpoint_hparams
 from foxhunt.training.module import TFTModule
-from tests.helpers import FIVE_MIN, T0, compose_train, run_cli, tiny_overrides
+from tests.helpers import FIVE_MIN, T0, compose_train, printed_summary, run_cli, tiny_overrides
 
 
 def epoch_losses(run_dir: Path) -> list[float]:
@@ -189,12 +189,20 @@ def test_cli_semantic_error_exits_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_trains_and_prints_summary_last(tmp_path, table_path):
+def test_cli_trains_and_ends_with_a_short_line_naming_its_summary(tmp_path, table_path):
     result = run_cli(*tiny_overrides(table_path, "trainer.max_epochs=1"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     *person, last = result.stdout.strip().splitlines()
-    summary = json.loads(last)
-    # before the JSON line, what a person reads: the loss and the skill against the strongest
+    summary = printed_summary(result.stdout)
+    # the last line: the run directory, the headline and summary.json's path, not its content
+    m = summary["metrics"]
+    assert last.startswith(
+        f"run {summary['run_dir']}: skill {m['skill']:+.1%} against {m['best_baseline']}, "
+        f"test loss {m['test_loss']:.4f}, "
+    )
+    assert last.endswith(f"; every figure in {Path(summary['run_dir']) / 'summary.json'}")
+    assert len(last) < 200 + 2 * len(summary["run_dir"])
+    # before the last line, what a person reads: the loss and the skill against the strongest
     first = next(i for i, line in enumerate(person) if line.startswith("test loss "))
     assert person[first].startswith(f"test loss {summary['metrics']['test_loss']:.4f}")
     assert f"against {summary['metrics']['best_baseline']}, the strongest" in person[first]
@@ -236,7 +244,7 @@ def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
     assert m["crps"] > 0 and m["winkler"] > 0
     assert summary["evaluation"]["stride"] == 4  # the prediction length: no overlap
     assert len(summary["evaluation"]["by_horizon"]) == 4
-    assert strategy["rule"] == "sign" and strategy["cost_bps"] == 1.0
+    assert strategy["rule"] == "sign" and strategy["cost_bps"] == 5.0
     assert {"sharpe", "max_drawdown", "turnover", "net_return"} <= set(strategy)
     assert set(strategy["by_instrument"]) == set(m["by_instrument"])
     assert strategy["best_baseline"]["name"] == m["best_baseline"]

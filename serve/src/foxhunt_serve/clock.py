@@ -20,18 +20,34 @@ Sessions (``session``)
     repeated local time gives both its instants when ``s`` is no longer than the repeat (bars
     that tick through the change), else its first. An interval that does not divide a week
     continues as ``continuous`` does.
+    Carried sessions: training learns each instrument's open slots from its whole history by
+    the same rule, as slots of the local week counted from Monday 00:00 (`learn_open`); the
+    checkpoint and model.json carry them (`data.calendar.sessions`, `Sessions`), so a short
+    input (an encoder and a warm-up: two sessions of bars) knows the nights and weekends it
+    does not span. A slot the input has a bar in is open too. A model saved before carried
+    sessions learns them from its input, as it did.
+    ``exchange`` (`data.calendar.exchange`, `foxhunt_serve.exchange`): the steps keep the times
+    the exchange is open by the exchange_calendars library (its sessions, holidays and early
+    closes), and of those the slots the bars' sessions have open (a daily maintenance break
+    the library does not list).
+
+Dates (``Clock.dated``)
+    Bars stamped at midnight UTC, every one, are dates (daily bars or longer): a date is the
+    same calendar day in every zone, so their weekday, holidays and sessions are read in UTC.
+    Monday 00:00Z is Sunday evening in New York, not Monday's bar.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 
+from foxhunt_serve import exchange
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.read import DAY_NS
 
@@ -40,6 +56,7 @@ WEEK_NS = 7 * DAY_NS
 SESSIONS = ("bars", "continuous")
 MAX_SLOTS = 1 << 22  # a week of slots at most (1/7 s bars): finer ones continue as continuous
 MAX_WEEKS = 60  # the steps after the data look this far for an open slot
+MONDAY_NS = 4 * DAY_NS  # 1970-01-05, a Monday: the slots of a local week count from its 00:00
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _YEARS = (1678, 2261)  # the years int64 nanoseconds hold whole
 
@@ -59,15 +76,22 @@ class Clock:
     close_min: int = 20 * 60
     session: str = "continuous"
     holidays: tuple[int, ...] = ()
+    exchange: str | None = None  # an exchange_calendars name (`foxhunt_serve.exchange`)
+    dates: bool | None = None  # read as dates (`dated`); None: not decided for these bars
 
     @classmethod
     def of(cls, section: dict[str, Any] | None) -> Clock:
         """model.json's `data.calendar`, or a config's (None: an export made before it: UTC,
-        20:00, continuous), checked; an InputError names a bad value."""
+        20:00, continuous), checked; an InputError names a bad value. With an `exchange` and
+        the time zone left at UTC, the exchange's zone."""
         if section is None:
             return cls()
         get = section.get if hasattr(section, "get") else lambda k, d: getattr(section, k, d)
         name = str(get("time_zone", "UTC"))
+        market = get("exchange", None)
+        if market is not None:
+            market = exchange.canonical(str(market))
+            name = exchange.zone_of(market) if name == "UTC" else name
         if name != "UTC":  # UTC needs no zone data (a machine may have none)
             zone(name)
         close = get("close", None)
@@ -75,7 +99,7 @@ class Clock:
         if session not in SESSIONS:
             raise InputError(f"calendar session {session!r} is none of {', '.join(SESSIONS)}")
         days = tuple(sorted({_day(d) for d in get("holidays", None) or ()}))
-        return cls(name, close_minutes(close or default_close(name)), session, days)
+        return cls(name, close_minutes(close or default_close(name)), session, days, market)
 
     def section(self) -> dict[str, Any]:
         """As model.json's `data.calendar` holds it."""
@@ -86,7 +110,19 @@ class Clock:
             "close": f"{h:02d}:{m:02d}",
             "session": self.session,
             "holidays": days,
+            "exchange": self.exchange,
         }
+
+    def dated(self, t: np.ndarray) -> Clock:
+        """This clock for an instrument's bars `t`, or, when every one is stamped at midnight
+        UTC (dates), the same clock read in UTC: a date is its calendar day in every zone.
+        Decided once: the steps after the bars are read as the bars were."""
+        if self.dates is not None:
+            return self
+        t = np.asarray(t)
+        if len(t) == 0 or (t % DAY_NS).any():
+            return replace(self, dates=False)
+        return replace(self, time_zone="UTC", dates=True)
 
     def local(self, t: np.ndarray) -> np.ndarray:
         """Local times (int64 ns, as if the zone were UTC) of int64 ns UTC times `t`."""
@@ -171,6 +207,13 @@ def _table(name: str, y0: int, y1: int) -> tuple[np.ndarray, np.ndarray]:
     return trans, off
 
 
+def changes(name: str, t: np.ndarray) -> np.ndarray:
+    """The instants (int64 ns UTC) zone `name`'s UTC offset changes at, about the times `t`."""
+    if name == "UTC" or len(t) == 0:
+        return np.zeros(0, np.int64)
+    return _table(name, *_years(np.asarray(t, dtype=np.int64)))[0][1:]
+
+
 def utc_of(local: np.ndarray, name: str, step_ns: int) -> np.ndarray:
     """The UTC instants (int64 ns, in order) of local times `local` in zone `name`: none for a
     skipped local time, both for a repeated one when `step_ns` is no longer than the repeat."""
@@ -187,14 +230,72 @@ def utc_of(local: np.ndarray, name: str, step_ns: int) -> np.ndarray:
     return np.sort(np.concatenate([first, local[both] - off[j[both]]]))
 
 
-def session_steps(time_ns: np.ndarray, last: int, step_ns: int, n: int, clock: Clock) -> np.ndarray:
+def session_steps(
+    time_ns: np.ndarray,
+    last: int,
+    step_ns: int,
+    n: int,
+    clock: Clock,
+    carried: np.ndarray | None = None,
+) -> np.ndarray:
     """The `n` times after `last` (the last known time) at the bar interval `step_ns` that
-    follow the session of the instrument's bars `time_ns` (the module docstring)."""
-    slots = WEEK_NS // step_ns if step_ns > 0 else 0
-    if clock.session == "continuous" or slots == 0 or WEEK_NS % step_ns or slots > MAX_SLOTS:
+    follow the session of the instrument's bars `time_ns` (the module docstring), or its
+    `carried` open slots (`learn_open`), or the clock's exchange."""
+    slots = _slots(step_ns, clock)
+    if not slots and clock.exchange is None:
         return last + step_ns * np.arange(1, n + 1)
+    clock = clock.dated(time_ns)
     start = int(clock.local(np.array([last], dtype=np.int64))[0])
     bars = clock.local(np.asarray(time_ns, dtype=np.int64))
+    if not slots:
+        is_open = np.ones(1, dtype=bool)
+    elif carried is None or len(carried) != slots:
+        is_open = _open_slots(bars, start, step_ns, slots, clock)
+    else:  # the week learned in training, turned to start at the last known time
+        is_open = np.roll(np.asarray(carried, dtype=bool), -(_slot(start, step_ns) % slots))
+        is_open[np.rint((bars - start) / step_ns).astype(np.int64) % slots] = True
+    if clock.exchange is not None:  # its sessions, and of those the slots the bars have
+        holidays = np.array(clock.holidays, dtype=np.int64)
+
+        def keep(t: np.ndarray) -> np.ndarray:
+            local = clock.local(t)
+            slot = np.rint((local - start) / step_ns).astype(np.int64) % len(is_open)
+            return is_open[slot] & ~np.isin(np.floor_divide(local, DAY_NS), holidays)
+
+        return exchange.steps(clock.exchange, last, step_ns, n, keep)
+    return _walk(start, last, step_ns, n, is_open, clock)
+
+
+def learn_open(time_ns: np.ndarray, step_ns: int, clock: Clock) -> np.ndarray | None:
+    """The open slots of the local week, counted from Monday 00:00, of an instrument's bars
+    `time_ns` (int64 ns UTC, in order) at the interval `step_ns`, by the `bars` rule; None
+    where the rule does not apply (continuous, an interval that does not divide a week)."""
+    slots = _slots(step_ns, clock)
+    if not slots or len(time_ns) == 0:
+        return None
+    clock = clock.dated(time_ns)
+    bars = clock.local(np.asarray(time_ns, dtype=np.int64))
+    start = int(bars[-1])
+    return np.roll(_open_slots(bars, start, step_ns, slots, clock), _slot(start, step_ns) % slots)
+
+
+def _slots(step_ns: int, clock: Clock) -> int:
+    """The slots of a week at the interval `step_ns`; 0 where the steps continue as
+    ``continuous`` does."""
+    slots = WEEK_NS // step_ns if step_ns > 0 else 0
+    if clock.session == "continuous" or slots == 0 or WEEK_NS % step_ns or slots > MAX_SLOTS:
+        return 0
+    return int(slots)
+
+
+def _slot(local: int, step_ns: int) -> int:
+    """The slot of the local week (counted from Monday 00:00) that local time `local` lies in."""
+    return (local - MONDAY_NS + step_ns // 2) // step_ns
+
+
+def _open_slots(bars: np.ndarray, start: int, step_ns: int, slots: int, clock: Clock) -> np.ndarray:
+    """The open slots of the week counted from local time `start`, by the `bars` rule, of the
+    bars at local times `bars`."""
     g = np.rint((bars - start) / step_ns).astype(np.int64)  # each bar's slot, 0 the last one
     is_open = np.ones(slots, dtype=bool)
     span = int(-g.min()) if len(g) else 0
@@ -205,6 +306,15 @@ def session_steps(time_ns: np.ndarray, last: int, step_ns: int, n: int, clock: C
         real = np.isin(spanned, clock.local(utc_of(spanned, clock.time_zone, step_ns)))
         is_open[np.arange(-span, 1)[real] % slots] = False
     is_open[g % slots] = True
+    return is_open
+
+
+def _walk(
+    start: int, last: int, step_ns: int, n: int, is_open: np.ndarray, clock: Clock
+) -> np.ndarray:
+    """The first `n` instants after `last` (local `start`) in the open slots `is_open`
+    (counted from `start`), off the clock's holidays."""
+    slots = len(is_open)
     holidays = np.array(clock.holidays, dtype=np.int64)
     # from the last known time itself: a repeated local time's second instant comes after it
     found, k, chunk = np.zeros(0, np.int64), 0, max(2 * n, slots)
@@ -224,3 +334,42 @@ def session_steps(time_ns: np.ndarray, last: int, step_ns: int, n: int, clock: C
         found = np.sort(np.concatenate([found, times[times > last]]))
         k += chunk
     return found[:n]
+
+
+class Sessions:
+    """Each instrument's open slots of the local week, learned in training (`learn_open`), as
+    model.json's `data.calendar.sessions` holds them: ``weeks``, each a bar interval
+    ``step_ns`` and its ``open`` runs of slots ``[first, end)`` counted from Monday 00:00
+    local, and ``of``, each instrument's week."""
+
+    def __init__(self, section: dict[str, Any] | None = None) -> None:
+        section = section or {}
+        self.of = {str(k): int(v) for k, v in (section.get("of") or {}).items()}
+        self.weeks = list(section.get("weeks") or [])
+
+    def open(self, name: str, step_ns: int) -> np.ndarray | None:
+        """Instrument `name`'s open slots at the interval `step_ns`; None: not learned."""
+        if name not in self.of:
+            return None
+        week = self.weeks[self.of[name]]
+        if int(week["step_ns"]) != step_ns:
+            return None
+        mask = np.zeros(WEEK_NS // step_ns, dtype=bool)
+        for first, end in week["open"]:
+            mask[int(first) : int(end)] = True
+        return mask
+
+    @staticmethod
+    def section(learned: dict[str, tuple[int, np.ndarray]]) -> dict[str, Any]:
+        """model.json's `sessions` of each instrument's (bar interval, open slots)."""
+        weeks: dict[str, int] = {}
+        out: dict[str, Any] = {"weeks": [], "of": {}}
+        for name, (step_ns, mask) in learned.items():
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+            week = {"step_ns": int(step_ns), "open": edges.reshape(-1, 2).tolist()}
+            key = repr(week)
+            if key not in weeks:
+                weeks[key] = len(out["weeks"])
+                out["weeks"].append(week)
+            out["of"][name] = weeks[key]
+        return out

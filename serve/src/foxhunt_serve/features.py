@@ -26,7 +26,9 @@ Observed families (a feature is named ``<family>_<w>``)
                 NaN for ``t < w``.
 
 Calendar features (known in advance), from the bar's local time in the exchange's time zone
-(`foxhunt_serve.clock.Clock`, model.json's ``data.calendar``; UTC without one), never NaN
+(`foxhunt_serve.clock.Clock`, model.json's ``data.calendar``; UTC without one), never NaN; bars
+all stamped at midnight UTC are dates, read in UTC (`Clock.dated`: a daily bar's weekday is its
+date's in every zone)
     ``tod_sin``, ``tod_cos``   ``sin``/``cos`` of ``2 pi s / 86400``, ``s`` the seconds since
                                local midnight.
     ``dow_sin``, ``dow_cos``   ``sin``/``cos`` of ``2 pi d / 7``, ``d`` the local weekday
@@ -179,7 +181,7 @@ def calendar(t: np.ndarray, name: str, clock: Clock | None = None) -> np.ndarray
     """A calendar feature of int64 ns UTC times (the module docstring) on `clock` (None: UTC,
     the close at 20:00), as float32."""
     close_min = CASH_CLOSE_MIN if clock is None else clock.close_min
-    t = t if clock is None else clock.local(t)
+    t = t if clock is None else clock.dated(t).local(t)  # dates: their own day in every zone
     day = np.floor_divide(t, DAY_NS)
     sec = (t - day * DAY_NS) / 1e9
     if name in ("tod_sin", "tod_cos"):

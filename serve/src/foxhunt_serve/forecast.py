@@ -59,8 +59,9 @@ def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = Non
 
 def output(w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataType) -> pa.Table:
     """The forecast table: one row per window and step (instrument, origin_time, horizon,
-    target_time, one column per quantile, actual), times in the input's time type; `w`: the
-    windows' facts (`windows.FACTS`)."""
+    target_time, target_time_continued: true where the time was continued in the sessions
+    rather than read from the data, one column per quantile, actual), times in the input's
+    time type; `w`: the windows' facts (`windows.FACTS`)."""
     n, h, _ = values.shape
     actual = w.actual.ravel()
     return pa.table(
@@ -68,7 +69,8 @@ def output(w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataTyp
             "instrument": pa.array(np.repeat(w.instrument, h), pa.string()),
             "origin_time": times(np.repeat(w.origin_ns, h), time_type),
             "horizon": pa.array(np.tile(np.arange(1, h + 1, dtype=np.int32), n)),
-            "target_time": times(w.target_ns.ravel(), time_type, w.target_time_known.ravel()),
+            "target_time": times(w.target_ns.ravel(), time_type),
+            "target_time_continued": pa.array(~w.target_time_known.ravel()),
             **{c: pa.array(values[:, :, j].ravel()) for j, c in enumerate(columns)},
             "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
         }

@@ -62,6 +62,27 @@ def non_finite(
     return {c: v[keep] for c, v in columns.items()}, keep
 
 
+def iso_time(ns: int) -> str:
+    """A time (int64 ns, UTC) as an ISO string, for a message."""
+    return f"{np.datetime64(int(ns), 'ns').astype('datetime64[s]')}Z"
+
+
+def out_of_order(time_column: str, name: str, t: np.ndarray, i: int, where: str = "") -> str:
+    """What is wrong where instrument `name`'s times `t` first fail to increase, at row `i`
+    (`where`: the file, or empty): a time given twice (named, with the contract or instrument),
+    or rows out of order."""
+    if t[i] == t[i - 1]:
+        return (
+            f"instrument {name} has two rows at {iso_time(t[i])} (its rows {i - 1} and {i} of "
+            f"{len(t)}){where}: one bar per time, drop the duplicate"
+        )
+    return (
+        f"time column '{time_column}' is not strictly increasing in instrument {name} at its "
+        f"row {i} (of {len(t)}){where}: {iso_time(t[i])} after {iso_time(t[i - 1])}; sort the "
+        "file by instrument and time"
+    )
+
+
 def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> Series:
     """One instrument's rows checked, NaN handled and its features made."""
     data, features = meta["data"], meta["features"]
@@ -70,8 +91,7 @@ def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> S
             raise InputError(f"column '{c}' of instrument {name} holds values beyond float32")
     if (np.diff(t) <= 0).any():
         raise InputError(
-            f"time column '{data['time_column']}' is not strictly increasing in instrument "
-            f"{name}; sort the file by instrument and time"
+            out_of_order(data["time_column"], name, t, int(np.argmax(np.diff(t) <= 0)) + 1)
         )
     cols, keep = non_finite(cols, data["nan_policy"], name)
     t = t[keep]

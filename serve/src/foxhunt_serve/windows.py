@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from foxhunt_serve.clock import Clock, session_steps
+from foxhunt_serve.clock import Clock, Sessions, session_steps
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future, as_text, split_future
@@ -48,11 +48,12 @@ def future_steps(
     h: int,
     user_known: list[str],
     clock: Clock | None = None,
+    sessions: Sessions | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The times of the (up to `h`) steps after the instrument's bars `time_ns`, whether each
     was in the data (not continued at the bar interval in the sessions of `clock`, None:
     every interval: only without `user_known` inputs, when every known input follows from the
-    time), and the user's known inputs there."""
+    time; `sessions`: those learned in training), and the user's known inputs there."""
     times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
     user = {k: given.known[k][:h] if given else np.zeros(0) for k in user_known}
     if (np.diff(np.concatenate([time_ns[-1:], times])) <= 0).any():
@@ -70,7 +71,8 @@ def future_steps(
     if len(times) < h and not user_known:
         step = bar_interval(name, time_ns)
         last = times[-1] if len(times) else time_ns[-1]
-        more = session_steps(time_ns, int(last), step, h - len(times), clock or Clock())
+        carried = sessions.open(name, step) if sessions is not None else None
+        more = session_steps(time_ns, int(last), step, h - len(times), clock or Clock(), carried)
         times = np.concatenate([times, more])
         from_data = np.concatenate([from_data, np.zeros(len(times) - len(from_data), bool)])
     return times, from_data, user
@@ -127,11 +129,15 @@ class Cut:
 
 
 def known_inputs(
-    times: np.ndarray, user: dict[str, np.ndarray], meta: dict[str, Any], known: list[str]
+    times: np.ndarray,
+    user: dict[str, np.ndarray],
+    meta: dict[str, Any],
+    known: list[str],
+    clock: Clock | None = None,
 ) -> np.ndarray:
     """The known inputs [steps, known] in the model's order: a column the user gives, or the
-    calendar of the time (on model.json's clock)."""
-    clock, columns = Clock.of(meta["data"].get("calendar")), []
+    calendar of the time (on model.json's clock, or `clock`: the one the bars were read on)."""
+    clock, columns = clock or Clock.of(meta["data"].get("calendar")), []
     for k in known:
         spec = meta["features"][k]
         columns.append(
@@ -158,6 +164,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
     known = [f for f, spec in features.items() if spec["role"] == "known"]
     clock = Clock.of(data.get("calendar"))
+    sessions = Sessions((data.get("calendar") or {}).get("sessions"))
     statics = [f for f, spec in features.items() if spec["role"] == "static"]
     static = np.zeros((max(len(vocab), 1), len(statics)))
     cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
@@ -166,7 +173,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         g = vocab.index(s.name) if vocab and s.name in vocab else 0
         static[g] = [s.static[f] for f in statics]
         times, given, user = future_steps(
-            s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock
+            s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock, sessions
         )
         origins, _ = cut.origins(s.name, s.time_ns, s.target, times, given)
         if len(origins) == 0:
@@ -174,7 +181,9 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         n = len(s.target)
         block = np.full((n + len(times), len(columns)), np.nan)
         block[:n] = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
-        block[n:, len(columns) - len(known) :] = known_inputs(times, user, meta, known)
+        block[n:, len(columns) - len(known) :] = known_inputs(
+            times, user, meta, known, clock.dated(s.time_ns)
+        )
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), g, np.int64))
         blocks.append(block)

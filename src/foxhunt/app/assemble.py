@@ -4,6 +4,7 @@ the LightningModule (`foxhunt.app.train` runs them)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from foxhunt.training.checkpointing import (
     TrainingOutcome,
 )
 from foxhunt.training.module import ModelHparams, OptimHparams, PrecisionHparams, TFTModule
+from foxhunt.training.progress import epoch_lines
 
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
 
@@ -75,6 +77,7 @@ def assemble(
     line at the start), then the data and the LightningModule."""
     callbacks, (checkpoint, latest, outcome, memory) = run_callbacks(cfg, run, precision)
     callbacks += extra_callbacks
+    callbacks += epoch_lines(cfg.trainer, callbacks)  # stdout not a terminal: no bar in it
     trainer = make_trainer(
         cfg.trainer,
         precision=precision.trainer_precision,
@@ -86,6 +89,8 @@ def assemble(
     precision.check_device(trainer.strategy.root_device)  # before any data is read
     datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
     datamodule.setup()
+    if datamodule.zone_warning:  # once, at the start of training
+        logging.getLogger(__name__).warning("data: %s", datamodule.zone_warning)
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
     module = make_module(cfg, datamodule.schema)

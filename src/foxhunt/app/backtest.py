@@ -351,10 +351,13 @@ def _judge(
         e.stride,
         e.strategy,
         e.cost_bps,
+        e.execution_lag,
     )
     judged = {
         "evaluation": evaluation,
-        "strategy": strategy_summary(results, e.strategy, e.cost_bps, "each fold's best"),
+        "strategy": strategy_summary(
+            results, e.strategy, e.cost_bps, "each fold's best", e.execution_lag
+        ),
     }
     plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
     book = judged_book(oos.drop_columns(["fold"]), resolve_target_kind(cfg.data), e)

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from foxhunt.app import backtest, cli, tune
-from foxhunt.app.console import console_summary
+from foxhunt.app.console import console_summary, final_line
 from foxhunt.app.export import export_command
 from foxhunt.app.inspect import inspect_data
 from foxhunt.app.interpret import interpret_checkpoint
@@ -42,8 +42,9 @@ def train(cfg: DictConfig) -> float | None:
     if summary is None:
         summary = train_run(cfg, run_dir, overrides=_overrides())
     if rank_zero_only.rank == 0:  # under DDP every process runs this command; one prints
-        print("\n".join(console_summary(summary)))  # for a person; the JSON line for programs
-        print(json.dumps(summary))
+        print("\n".join(console_summary(summary)))
+        # the headline and where summary.json is: a panel's summary is far too long to print
+        print(final_line(summary, RunDir(run_dir).summary))
     return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
 
 
@@ -56,7 +57,9 @@ def backtest_folds(cfg: DictConfig) -> float:
     summary = backtest.run(cfg, run_dir, overrides=_overrides())
     if cfg.backtest.fold is None:  # the whole backtest: its pooled figures, for a person
         print("\n".join(console_summary(summary, run_dir / backtest.REPORT)))
-    print(json.dumps(summary))
+        print(final_line(summary, run_dir / backtest.SUMMARY))
+    else:  # one fold's run (a job of `-m backtest.fold=...`)
+        print(final_line(summary, RunDir(run_dir).summary))
     # val_loss: the mean over the folds (one fold's with backtest.fold), for a sweeper
     return summary["metrics"][cfg.optimized_metric]
 

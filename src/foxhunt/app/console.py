@@ -1,4 +1,4 @@
-"""The lines a person reads at the end of a run or a backtest, before its JSON line."""
+"""The lines a person reads at the end of a run or a backtest, and its last line (`final_line`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from foxhunt.app.report_scores import ic_figures, spread
 
 
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
-    """What a person reads at the end of a run, before its JSON line: a panel's cross-sectional
+    """What a person reads at the end of a run, before its last line: a panel's cross-sectional
     IC first, the test loss and the skill against the strongest baseline (per instrument too: a
     panel's spread, best and worst), direction against its base rate, calibration in one line,
     and where the report is (`report`, default the run's report.md)."""
@@ -28,7 +28,11 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
             f"{'up' if up >= 0.5 else 'down'}"
         )
     if m.get("ic") is not None and not cross_sectional(m):
-        lines.append(ic_figures(m))
+        pooled = len(m.get("by_instrument") or {}) > 1  # a panel whose dates hold few names
+        lines.append(
+            ("pooled over dates and names, not by date (too few names a date): " if pooled else "")
+            + ic_figures(m)
+        )
     horizons = [_horizon_line(h) for h in m.get("horizons") or []]
     if horizons:
         lines.append("; ".join(horizons))
@@ -37,7 +41,9 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
         lines.append(_strategy_line(strategy))
     book = summary.get("book") or {}
     if (book.get("model") or {}).get("sharpe") is not None:
-        lines.append(_book_line(book))
+        lines.insert(0, _book_line(book))  # a panel is traded as a book: its figure leads
+    elif book.get("skipped"):
+        lines.insert(0, f"no cross-sectional book: {book['skipped']}")
     lines += _coverage_lines(summary)
     if report is None and summary.get("run_dir"):
         report = Path(summary["run_dir"]) / "report.md"
@@ -92,7 +98,8 @@ def _strategy_line(strategy: dict[str, Any]) -> str:
     hold = strategy["buy_and_hold"].get("sharpe")
     se = strategy.get("sharpe_se")
     return (
-        f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs): Sharpe "
+        f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs, traded "
+        f"{strategy.get('execution_lag', 0)} bar(s) later): Sharpe "
         f"{strategy['sharpe']:.2f} after costs"
         + ("" if se is None else f" (standard error {se:.2f})")
         + ", buy and hold "
@@ -108,9 +115,11 @@ def _book_line(book: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{value:.2f}"
 
     return (
-        f"cross-sectional book (top {book['top']:.0%} long and short, {book['cost_bps']:g} bp "
-        f"costs, traded {book['execution_lag']} bar(s) later): Sharpe {sharpe('model')} after "
-        f"costs, best baseline's {sharpe('best_baseline')}, the market {sharpe('market')}"
+        f"cross-sectional book (top {book['top']:.0%} long and short by "
+        f"{book.get('rank', 'forecast')}, {book['cost_bps']:g} bp costs, traded "
+        f"{book['execution_lag']} bar(s) later on the horizon-{book.get('horizon', 1)} "
+        f"forecast): Sharpe {sharpe('model')} after costs, best baseline's "
+        f"{sharpe('best_baseline')}, the market {sharpe('market')}"
     )
 
 
@@ -140,3 +149,31 @@ def _calibration_line(cal: dict[str, Any]) -> str:
         f"{b['width']:.3g} -> {a['width']:.3g}, pinball {cal['before']['pinball']:.4f} -> "
         f"{cal['after']['pinball']:.4f}: {cal['verdict'] or 'not calibrated'}"
     )
+
+
+FINAL = "; every figure in "  # before the summary's path, at the end of the last line
+
+
+def final_line(summary: dict[str, Any], path: Path) -> str:
+    """The last line of a run or a backtest: its directory, its headline figures and `path`,
+    the JSON file with every figure (what a script reads: `summary_path`)."""
+    m = summary.get("metrics") or {}
+    figures = []
+    if m.get("skill") is not None:
+        figures.append(f"skill {m['skill']:+.1%} against {m['best_baseline']}")
+    if m.get("test_loss") is not None:
+        figures.append(f"test loss {m['test_loss']:.4f}")
+    if m.get("ic") is not None:
+        figures.append(f"{'cross-sectional ' if cross_sectional(m) else ''}IC {m['ic']:+.3f}")
+    book = ((summary.get("book") or {}).get("model") or {}).get("sharpe")
+    if book is not None:
+        figures.append(f"book Sharpe {book:.2f} after costs")
+    what = "backtest" if "backtest_dir" in summary else "run"
+    return f"{what} {path.parent}: {', '.join(figures) or 'no test figures'}{FINAL}{path}"
+
+
+def summary_path(last_line: str) -> Path:
+    """The JSON file a run's or a backtest's last line names (`final_line`)."""
+    if FINAL not in last_line:
+        raise ValueError(f"not the last line of a foxhunt run: {last_line[:200]!r}")
+    return Path(last_line.rsplit(FINAL, 1)[1])

@@ -166,10 +166,16 @@ def model_description(
         # each derived feature's family and window: foxhunt_serve.features computes them (and
         # is their definition)
         "features": features(schema, cfg),
-        "feature_code": f"foxhunt_serve.features {package_version('foxhunt-serve')}",
+        "feature_code": f"foxhunt_serve.features {serve_version()}",
         "data": data_section(cfg, schema),
         "verification": parity,
     }
+
+
+def serve_version() -> str:
+    """foxhunt_serve's version: its own distribution's (serve/), else foxhunt's, which ships it."""
+    served = package_version("foxhunt-serve")
+    return package_version("foxhunt") if served == "unknown" else served
 
 
 # --- the command line ------------------------------------------------------------------------

@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from foxhunt_serve.clock import Clock
 from omegaconf import DictConfig
 
 from foxhunt.config import validate
+from foxhunt.data import daylight
 from foxhunt.data.columns import check_files, column_plan, futures_enabled, is_numeric
 from foxhunt.data.datamodule import DAILY_BAR_NS, ParquetDataModule
+from foxhunt.data.features import clock_of
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import common_types, from_table, projection, read_file
 from foxhunt.data.source import open_dataset
@@ -62,6 +65,7 @@ def inspect_data(cfg: DictConfig, time_batches: bool = True) -> Inspection:
         return out
     out.facts["path"] = str(d.path)
     _instruments(table, d, out)
+    _zone(table[d.time_column].cast(pa.int64()).to_numpy(), d, out)
     loaded = from_table(plan, table, out.problems)  # each instrument's problem, all of them
     _futures(loaded.rolls, d, out)
     if out.problems:
@@ -112,7 +116,7 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
     start, end = int(t.min()), int(t.max())
     distinct = np.unique(t)
     step = float(np.median(np.diff(distinct))) if len(distinct) > 1 else 0.0
-    each = {}
+    each, saturday = {}, _saturdays(t, d)
     for g, name in enumerate(names):
         times = np.sort(t if codes is None else t[codes == g])
         gaps = np.diff(times)
@@ -123,7 +127,7 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
             "rows": len(times),
             "largest_gap_days": round(float(gaps[at]) / DAY_NS, 2) if len(gaps) else 0.0,
             "largest_gap_from": _iso(times[at]) if len(gaps) else None,
-            "saturday_bars": int((((times // DAY_NS) + 4) % 7 == 6).sum()),  # 1970-01-01: Thu
+            "saturday_bars": int((saturday if codes is None else saturday[codes == g]).sum()),
             "listed": bool(times[0] - start > OFF_SPAN_BARS * step),
             "delisted": bool(end - times[-1] > OFF_SPAN_BARS * step),
         }
@@ -164,6 +168,27 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
         f"bars: {_bar_kind(step)} (median step {_duration(step)}); calendars: {calendars}"
         + _sessions(t, step)
     )
+
+
+def _saturdays(t: np.ndarray, d: Any) -> np.ndarray:
+    """Whether each time is a Saturday on the configured clock (1970-01-01 was a Thursday)."""
+    return (_clock(d).local(t) // DAY_NS + 4) % 7 == 6
+
+
+def _zone(t: np.ndarray, d: Any, out: Inspection) -> None:
+    """One warning where the bars keep another zone's daylight-saving dates."""
+    zone = daylight.warning(t, _clock(d))
+    out.facts["bars"]["zone_warning"] = zone
+    if zone:
+        out.lines.append(f"warning: {zone}")
+
+
+def _clock(d: Any) -> Clock:
+    """data.calendar's clock; UTC where it is bad (a problem `validate` has named)."""
+    try:
+        return clock_of(d)
+    except FoxhuntError:
+        return Clock()
 
 
 def _futures(rolls: list, d: Any, out: Inspection) -> None:

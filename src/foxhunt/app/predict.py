@@ -13,7 +13,8 @@ come from rows after an instrument's last target value (target empty, known inpu
 when every known input is a calendar encoding of the time (features=ohlcv, no
 data.known_features), from times continued at the instrument's bar interval (the most common
 step) in its sessions (data.calendar.session, `foxhunt_serve.clock`: bars skips the local times
-and weekdays its history never had a bar at), and their target_time is null.
+and weekdays its history never had a bar at, the sessions learned in training where the model
+carries them; data.calendar.exchange: the exchange's), and `target_time_continued` marks them.
 
 The quantiles are calibrated as the training run calibrated them on its validation windows
 (the checkpoint's or export's `calibration`; `foxhunt.evaluation.calibration`): CQR's static
@@ -37,6 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
 from foxhunt_serve import windows as serving
+from foxhunt_serve.clock import Sessions
 from foxhunt_serve.forecast import output, rows_of
 from omegaconf import DictConfig, OmegaConf
 
@@ -270,18 +272,18 @@ def _cut(
     e, h = schema.encoder_length, schema.prediction_length
     known_from = 1 + len(loaded.observed)  # the first known input's column
     cut, builder = serving.Cut(e, h, all_windows), WindowBuilder(["predict"])
-    clock = clock_of(cfg)
+    clock, sessions = clock_of(cfg), Sessions(schema.sessions)
     for s in series:
         given = future.get(s.name)
         times, from_data, user = serving.future_steps(
-            s.name, s.time_ns, given, h, list(cfg.known_features), clock
+            s.name, s.time_ns, given, h, list(cfg.known_features), clock, sessions
         )
         origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)
         if len(origins) == 0:
             continue
         rows = np.full((len(time_all), known_from + len(loaded.known)), np.nan)
         rows[: len(s.target)] = encoder_rows(s)
-        rows[len(s.target) :, known_from:] = known_at(cfg, times, user)
+        rows[len(s.target) :, known_from:] = known_at(cfg, times, user, clock.dated(s.time_ns))
         builder.add(s.name, rows, time_all, [origins - e + 1], s.static)
     facts = cut.facts(list(cfg.known_features), "predict.all_windows=true")
     arrays = builder.normalize(schema.to_dict(), keep)

@@ -259,10 +259,12 @@ def strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     if "best_baseline" in s:
         b = s["best_baseline"]
         rows.append([f"best baseline ({b['name']})", *(b[k] for k in keys)])
+    lag = s.get("execution_lag", 0)
     lines = [
         "## Strategy",
         "",
-        f"Positions from the horizon-1 forecast (`eval.strategy={s['rule']}`), held one bar, "
+        f"Positions traded {lag} bar(s) after the forecast (`eval.execution_lag`) from its "
+        f"forecast of the bar then held, horizon {lag + 1} (`eval.strategy={s['rule']}`), "
         f"costs {s['cost_bps']:g} bp per unit of turnover; Sharpe annualised from the bars' "
         "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
         "",
@@ -292,9 +294,10 @@ def book_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     lines = [
         "## Cross-sectional book",
         "",
-        f"Each date the {b['names']} names ranked by their horizon-1 median: "
-        f"the top {b['top']:.0%} long, the bottom {b['top']:.0%} short ({b['weights']} "
-        f"weights), traded {b['execution_lag']} bar(s) after the forecast, costs "
+        f"Each date the {b['names']} names ranked by their {_ranked_by(b)} of the bar held, "
+        f"horizon {b.get('horizon', 1)}: the top {b['top']:.0%} long, the bottom "
+        f"{b['top']:.0%} short ({b['weights']} weights), traded {b['execution_lag']} bar(s) "
+        f"after the forecast, a date with fewer than {b.get('min_names', 2)} names flat, costs "
         f"{b['cost_bps']:g} bp per unit of turnover (foxhunt/evaluation/book.py).",
         "",
         *table(
@@ -306,13 +309,20 @@ def book_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
         "",
         *table(["horizon", "rank IC", "t"], ics),
         "",
-        "Mean realised return by forecast decile (lowest first): "
+        "Mean realised return of the bar held by ranking decile (lowest first): "
         + ", ".join("-" if x is None else f"{x:+.2e}" for x in b["deciles"])
         + ".",
     ]
     if (run_dir / "book.png").is_file():
         lines += ["", "![the book's equity curves](book.png)"]
     return lines
+
+
+def _ranked_by(b: dict[str, Any]) -> str:
+    """How the book ranked its names, in words."""
+    if b.get("rank") == "score":
+        return "median forecast over its q0.9 - q0.1 spread"
+    return "median forecast"
 
 
 def conformal_section(summary: dict[str, Any]) -> list[str]:

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from foxhunt.data.features import INTRADAY_CALENDAR
+from foxhunt.data import daylight
+from foxhunt.data.features import INTRADAY_CALENDAR, clock_of, learned_sessions
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import bar_step, read_data, read_end, timeline
 from foxhunt.data.schema import DataSchema, constant_features, drop_features
-from foxhunt.data.splits import SPLITS, calendar_cuts
+from foxhunt.data.splits import SPLITS, calendar_cuts, iso_time
 from foxhunt.data.store import open_store, wants_lazy
 from foxhunt.data.windows import WindowArrays, WindowBuilder, WindowDataset, split_windows
 from foxhunt.errors import DataError
@@ -100,6 +101,8 @@ class ParquetDataModule(L.LightningDataModule):
         self.store_path: Path | None = None  # the lazy path's window store (data.lazy)
         self.rolls: list = []  # data.futures: every root's rolls
         self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
+        # the bars keep another zone's daylight-saving dates (`foxhunt.data.daylight`)
+        self.zone_warning: str | None = None
 
     def prepare_data(self) -> None:
         resolve_data(self.cfg)  # the sample generated; the columns found (foxhunt.data.names)
@@ -125,6 +128,11 @@ class ParquetDataModule(L.LightningDataModule):
                 loaded, cuts, self.cfg, self.resolve_schema, WindowBuilder()
             )
             self.rolls, instruments = loaded.rolls, len(loaded.series)
+        clock = clock_of(self.cfg)
+        self.zone_warning = daylight.warning(np.asarray(arrays.time_ns), clock)
+        if self.fixed_schema is None:  # the sessions a short input will not show
+            names = list(schema["groups"])
+            schema["sessions"] = learned_sessions(arrays.time_ns, arrays.group, names, clock)
         self._make_datasets(DataSchema.from_dict(schema), arrays, instruments)
 
     def resolve_schema(self, found: dict[str, Any], constant: Any) -> dict[str, Any]:
@@ -224,24 +232,33 @@ class ParquetDataModule(L.LightningDataModule):
 
     def _hold_out(self, share: float) -> None:
         """The validation windows whose first target falls in the last `share` of the
-        validation period's dates become the calibration windows (datasets["calibration"]):
-        validation, which stops training and picks the checkpoint, keeps the earlier ones."""
+        validation period's target times become the calibration windows
+        (datasets["calibration"]); validation, which stops training and picks the checkpoint,
+        keeps those whose every target lies before the first of them. The windows between,
+        whose targets straddle the cut (prediction_length - 1 bars of a gapless series), are
+        the embargo: no validation target falls in the calibration period, whatever an
+        instrument's history (a late listing, a gap)."""
         val = self.datasets["val"]
-        first = val.target_times(np.arange(len(val)))[:, 0]
-        dates = np.unique(first)
-        cut = dates[min(len(dates) - 1, int(np.floor(len(dates) * (1 - share))))]
-        if not (first < cut).any():
+        targets = val.target_times(np.arange(len(val)))
+        first, last = targets[:, 0], targets[:, -1]
+        times = np.unique(first)
+        cut = times[min(len(times) - 1, int(np.floor(len(times) * (1 - share))))]
+        keep = last < cut
+        if not keep.any():
             raise DataError(
                 f"data.calibration_share={share} leaves no validation window to stop on: "
                 "lower it or raise data.val_fraction"
             )
         self.datasets["calibration"] = val.subset(first >= cut)
-        self.datasets["val"] = val.subset(first < cut)
+        self.datasets["val"] = val.subset(keep)
+        self.splits["cuts"]["calibration_start"] = iso_time(int(cut))
         log.info(
-            "data: %d validation windows, %d calibration windows (from %s on)",
+            "data: %d validation windows, %d calibration windows (targets from %s on), "
+            "%d embargoed between them",
             len(self.datasets["val"]),
             len(self.datasets["calibration"]),
-            np.datetime64(int(cut), "ns"),
+            iso_time(int(cut)),
+            int((~keep & (first < cut)).sum()),
         )
 
     def train_dataloader(self) -> DataLoader:

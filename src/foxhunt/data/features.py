@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from foxhunt_serve.clock import Clock
+from foxhunt_serve.clock import Clock, Sessions, learn_open
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
+from foxhunt_serve.windows import bar_interval
 
 from foxhunt.errors import ConfigError, DataError, data_errors
 
@@ -209,6 +210,26 @@ def clock_of(cfg: Any) -> Clock:
         return Clock.of(getattr(cfg, "calendar", None))
     except InputError as exc:
         raise ConfigError(f"data.calendar: {exc}") from None
+
+
+def learned_sessions(
+    time_ns: np.ndarray, group: np.ndarray, names: list[str], clock: Clock
+) -> dict[str, Any]:
+    """Each instrument's sessions, learned from all its bars (`foxhunt_serve.clock`'s
+    `learn_open`), as the checkpoint's schema and model.json carry them; `group`: each row's
+    index in `names` (none: one series)."""
+    group = np.asarray(group)
+    bounds = np.flatnonzero(np.diff(group)) + 1
+    learned = {}
+    for start, end in zip([0, *bounds], [*bounds, len(group)], strict=True):
+        times = np.sort(np.asarray(time_ns[start:end], dtype=np.int64))
+        if len(times) < 2:
+            continue
+        step = bar_interval("", times)
+        slots = learn_open(times, step, clock)
+        if slots is not None:
+            learned[names[int(group[start])] if names else "series"] = (step, slots)
+    return Sessions.section(learned) if learned else {}
 
 
 def _time_ns(time_ns: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from foxhunt_serve import read as serving
+from foxhunt_serve.clock import Clock
 from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future
 
@@ -29,11 +30,14 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
         return serving.split_future(table, data_section(cfg))
 
 
-def known_at(cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray]) -> np.ndarray:
+def known_at(
+    cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray], clock: Clock | None = None
+) -> np.ndarray:
     """The model's known inputs [rows, known] at `time_ns` (bars after the data): with
-    features=ohlcv the calendar encodings derived from the time (on data.calendar's clock),
-    then data.known_features from `user_known`."""
-    spec, clock = ohlcv_spec_of(cfg), clock_of(cfg)
+    features=ohlcv the calendar encodings derived from the time (on data.calendar's clock, or
+    `clock`: the one the instrument's bars were read on), then data.known_features from
+    `user_known`."""
+    spec, clock = ohlcv_spec_of(cfg), clock or clock_of(cfg)
     columns = [calendar(time_ns, k, clock) for k in feature_plan(spec)[1]] if spec else []
     columns += [user_known[k] for k in cfg.known_features]
     return stack_columns(columns, len(time_ns))

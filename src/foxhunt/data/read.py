@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from foxhunt_serve import read as serving
 from foxhunt_serve.read import TIME_UNITS
-from foxhunt_serve.series import non_finite
+from foxhunt_serve.series import iso_time, non_finite, out_of_order
 
 from foxhunt.config import parse_time
 from foxhunt.data.columns import (
@@ -125,13 +125,13 @@ def make_series(
     steps = np.diff(t)
     if (steps <= 0).any():
         i = int(np.argmax(steps <= 0)) + 1
-        fix = "sort the file by instrument and time"
         if cfg.group_column is None and len(np.unique(t)) < len(t):  # a time twice: a panel
-            fix = "a file of several instruments needs data.group_column=NAME (their column)"
-        raise DataError(
-            f"time column '{cfg.time_column}' is not strictly increasing in instrument "
-            f"{name} at its row {i} (of {len(t)}){locate(i)}; {fix}"
-        )
+            raise DataError(
+                f"time column '{cfg.time_column}' repeats {iso_time(t[i])} at row {i} "
+                f"(of {len(t)}){locate(i)}: a file of several instruments needs "
+                "data.group_column=NAME (their column)"
+            )
+        raise DataError(out_of_order(cfg.time_column, name, t, i, locate(i)))
     with data_errors():
         cols, keep = non_finite(values, cfg.nan_policy, name, locate)
     t = t[keep]

@@ -4,11 +4,13 @@ sample; `foxhunt.data.sample` re-exports it beside the daily stock panel.
 :func:`make_es_sample` writes a Parquet file of OHLCV bars that look like CME E-mini S&P 500
 (ES) futures. It is a simulation, not market data; what it imitates:
 
-* **Calendar.** One Globex session per business day (weekends skipped, holidays ignored). The
-  session for trade date ``D`` runs from 22:00 UTC on the previous calendar day to 21:00 UTC on
-  ``D`` (23 hours; 21:00-22:00 UTC is the daily maintenance break), so Monday's session opens
-  on Sunday evening UTC. Times are fixed in UTC (US daylight-saving shifts are not modelled);
-  the US cash session is 13:30-20:00 UTC. Timestamps are bar *starts*.
+* **Calendar.** One Globex session per business day (weekends skipped, holidays ignored), on
+  Chicago's clock (`ZONE`, America/Chicago, with its daylight-saving changes): the session for
+  trade date ``D`` runs from 17:00 on the previous calendar day to 16:00 on ``D`` (23 hours;
+  16:00-17:00 is the daily maintenance break), so Monday's session opens on Sunday evening;
+  the equity cash session is 08:30-15:00 Chicago time (09:30-16:00 in New York), and
+  `conf/data/es_fut_small.yaml` names the zone and that close. In UTC the session opens at
+  22:00 in US summer time and at 23:00 in winter. Timestamps are bar *starts*.
 * **Returns.** 1-bar log returns are ``sigma_season * daily_factor * garch * t5_noise`` plus
   rare jumps: a U-shaped intraday volatility profile (quiet Asian hours, a European bump, an
   8:30 ET data spike, high at the US cash open and close), a daily log-volatility AR(1) factor
@@ -41,6 +43,8 @@ from __future__ import annotations
 import math
 import pathlib
 from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +74,9 @@ SCHEMA = pa.schema(
 
 _DEFAULT_START = "2026-03-02"  # a Monday; 80 business days cover the March and June 2026 rolls
 _SESSION_MINUTES = 23 * 60
-_SESSION_OPEN_OFFSET_MIN = -120  # session opens at 22:00 UTC on the previous calendar day
+_SESSION_OPEN_OFFSET_MIN = -120  # 17:00 Chicago on the previous day: 22:00 UTC in summer time
+ZONE = "America/Chicago"  # the sample's clock (conf/data/es_fut_small.yaml's data.calendar)
+_SUMMER_OFFSET_MIN = -300  # Chicago's UTC offset in summer time, the one the shapes are drawn in
 _MONTH_CODES = {3: "H", 6: "M", 9: "U", 12: "Z"}
 _ROLL_BEFORE_EXPIRY_DAYS = 8  # roll Thursday: eight calendar days before the expiry Friday
 _OVERLAP_BEFORE = 4  # business days both contracts trade before the roll date ...
@@ -88,7 +94,8 @@ _T_DOF = 5.0
 _BRIDGE_STEPS = 8
 
 
-# Intraday shape by minute of the UTC day, as (base, bump, decay minutes) per session segment:
+# Intraday shape by minute of the UTC day in US summer time (Chicago's clock plus 5 h), as
+# (base, bump, decay minutes) per session segment:
 # the Globex reopen (22:00 UTC), the Asian morning, Europe (from 07:00), the 12:30 US data bump,
 # the US cash session's U between the 13:30 open and the 20:00 close, and the post-close hour.
 _VOL_SHAPE = {
@@ -234,7 +241,7 @@ class _Clock:
     trade_dates: np.ndarray  # [days] datetime64[D]
     ts: np.ndarray  # [n] bar starts, int64 nanoseconds
     day_idx: np.ndarray  # [n] the session of each bar
-    mid_min: np.ndarray  # [n] minute of the UTC day at each bar's midpoint
+    mid_min: np.ndarray  # [n] each bar's midpoint: minute of the UTC day in US summer time
 
     @property
     def n(self) -> int:
@@ -251,6 +258,10 @@ def _clock(start: str, days: int, bar_minutes: int) -> _Clock:
     trade_dates = np.busday_offset(start_day, np.arange(days), roll="forward")
     bpd = _SESSION_MINUTES // bar_minutes
     day_ns = trade_dates.astype("datetime64[ns]").astype(np.int64)
+    zone = ZoneInfo(ZONE)
+    for i, d in enumerate(trade_dates.astype(object)):  # an hour later in UTC in winter time
+        noon = datetime(d.year, d.month, d.day, 12, tzinfo=zone)
+        day_ns[i] += int(_SUMMER_OFFSET_MIN * 60 - noon.utcoffset().total_seconds()) * 10**9
     offs_min = _SESSION_OPEN_OFFSET_MIN + bar_minutes * np.arange(bpd)
     return _Clock(
         days=days,

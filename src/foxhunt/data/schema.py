@@ -49,6 +49,9 @@ class DataSchema:
     # features the data gives that the model does not see, with why (constant over the
     # training split); data given to the model later is read without them too
     dropped: dict[str, str] = field(default_factory=dict)
+    # each instrument's sessions learned from its bars (`foxhunt_serve.clock.Sessions`): the
+    # steps after a short input's bars follow them; empty: saved before they were carried
+    sessions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def encoder_columns(self) -> list[str]:

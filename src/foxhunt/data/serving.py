@@ -27,7 +27,8 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
     """How a file is read for this model: the columns and their roles, the numeric columns
     read (the NaN policy applies to each; with `schema`), the OHLCV columns and the warm-up
     rows the derived features drop, the futures roll, the exchange's clock (`calendar`: its
-    time zone, cash close, session rule and holidays)."""
+    time zone, cash close, session rule, holidays, exchange and, with `schema`, the sessions
+    learned in training)."""
     spec = ohlcv_spec_of(cfg)
     ohlcv = None
     if spec is not None:
@@ -47,6 +48,8 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
     }
     if schema is None:
         del section["columns_read"]
+    elif schema.sessions:  # the sessions learned in training (foxhunt_serve.clock.Sessions)
+        section["calendar"]["sessions"] = schema.sessions
     return section
 
 

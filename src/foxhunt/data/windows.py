@@ -408,7 +408,7 @@ def split_windows(
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
         spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
-        target_moments.append(moments(s.target[train], loaded.target_kind))
+        target_moments.append(moments(s.target[train], loaded.target_kind, s.target[:1]))
         builder.add(s.name, encoder_rows(s), s.time_ns, starts, s.static, train)
     mean, std, constant = builder.statistics()
     stats = (mean, std, target_moments)

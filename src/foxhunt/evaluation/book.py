@@ -1,32 +1,41 @@
-"""A cross-sectional book on a panel's horizon-1 forecasts, as a quant trades a panel: at each
-date the instruments are ranked by their median forecast, the top fraction held long and the
-bottom fraction short, traded `lag` bars after the forecast and charged for turnover.
+"""A cross-sectional book on a panel's forecasts, as a quant trades a panel: at each date the
+instruments are ranked by their forecast of the bar the book will hold, the top fraction held
+long and the bottom fraction short, traded `lag` bars after the forecast and charged for
+turnover.
 
-Conventions (shared with `foxhunt.evaluation.strategy`, whose `horizon_one` gives the returns):
+Conventions (shared with `foxhunt.evaluation.strategy`, whose `held_bars` gives the returns):
 
-- A date is an origin time. The forecast made at date d sets the position held over the bar
-  after date d + lag: with lag 1 (the default for a panel) the book trades one bar after the
-  close the forecast was made from, so no forecast earns the move of the bar it was made on.
-- Ranks: each date's instruments with a forecast, n of them; k = max(1, floor(top x n)) long
-  and k short (n >= 2k; a date with fewer than 2 instruments holds nothing). Ties keep the
-  instruments' order by name.
+- A date is an origin time d. The book trades at the close of bar d + lag (`eval.execution_lag`,
+  default 1: one bar after the close the forecast was made from) and holds the position over
+  the next bar, (d + lag, d + lag + 1]. It ranks on the forecast of that bar: horizon lag + 1
+  (`book.horizon` in summary.json), never a forecast of a bar already gone. A table whose
+  horizons stop short of lag + 1 has no book (DataError).
+- Ranks (`eval.book_rank`): `forecast`, the median forecast return of the held bar; `score`,
+  that median over its own spread (the quantiles nearest 0.9 and 0.1), so a loud name's wide
+  forecast does not fill the tails by its volatility alone. Each date's instruments with a
+  forecast, n of them; k = max(1, floor(top x n)) long and k short; a date with fewer than
+  max(`eval.book_min_names`, 2k) names holds nothing. Ties keep the names' order.
 - Weights: `equal`, 1 / (2k) each side's name (gross exposure 1, net 0); `risk`, each side's
-  names in proportion to 1 / their ex-ante volatility (`strategy.ewma_variance`, from returns
-  realised before the date), each side summing to 1/2. A name without a volatility yet is left
-  out of a risk-weighted side.
-- Returns: gross_d = sum_i w_{d-lag, i} r_{d, i}, the realised next-bar return of each name
-  (a name with no bar at the date earns 0); turnover_d = sum_i |w_d - w_{d-1}|, the first from
-  flat; net = gross - cost_bps x 1e-4 x turnover. Sharpe is annualised by the dates per year
-  (`strategy.bars_per_year`); `net_return` is the sum of net returns (not compounded).
+  names in proportion to 1 / their ex-ante volatility (`strategy.ewma_variance` of the held
+  bars' returns realised before the trade), each side summing to 1/2. A name without a
+  volatility yet is left out of a risk-weighted side.
+- Returns: gross_d = sum_i w_{d, i} r_{d, i}, r_{d, i} the realised return of the bar held
+  (a name without it earns 0); turnover_d = sum_i |w_d - w_{d-1}|, the first from flat;
+  net = gross - cost_bps x 1e-4 x turnover (`eval.cost_bps`, the strategy's too). Sharpe is
+  annualised by the dates per year (`strategy.bars_per_year`); `net_return` is the sum of net
+  returns (not compounded).
 - Beside it: the same book on the best baseline's forecasts, and an equal-weight long book of
-  every name (the market), costed alike.
-- The long-short IC: each date's rank correlation of the forecast with the realised return
-  across the names (`stats.ic`, its Newey-West t), at every horizon (its decay); the deciles:
-  the mean realised return of each date's forecast decile, pooled over dates.
+  every name (the market) over the same bars, costed alike.
+- The long-short IC: at every horizon h (its decay), each date's rank correlation across the
+  names of the forecast move to h with the realised one (`stats.ic`, its Newey-West t), both
+  as returns for a level target (the move over the origin's level), as the book trades them;
+  the deciles: the mean realised return of the held bar in each date's ranking decile, pooled
+  over dates.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +50,15 @@ from foxhunt.evaluation.strategy import (
     Bars,
     bars_per_year,
     ewma_variance,
-    horizon_one,
+    held_bars,
     max_drawdown,
     plot_equity,
     sharpe,
 )
 
+log = logging.getLogger(__name__)
 WEIGHTS = ("equal", "risk")
+RANKS = ("forecast", "score")
 DECILES = 10
 BOOK_MIN_NAMES = 5  # eval.book=auto: a panel of at least this many instruments gets the book
 BOOK_PLOT = "book.png"
@@ -55,16 +66,18 @@ BOOK_PLOT = "book.png"
 
 @dataclass
 class Panel:
-    """Horizon-1 bars as [dates, names] matrices (NaN where a name has no bar at a date)."""
+    """The held bars as [dates, names] matrices (NaN where a name has no bar at a date)."""
 
     dates: np.ndarray  # [D] int64 origin times
     names: list[str]
-    forecast: np.ndarray  # [D, N] the median forecast return
-    returns: np.ndarray  # [D, N] the realised next-bar return
+    forecast: np.ndarray  # [D, N] what the book ranks on (`eval.book_rank`)
+    returns: np.ndarray  # [D, N] the realised return of the bar held
     variance: np.ndarray  # [D, N] the ex-ante variance (NaN before a name's warm-up)
 
     @classmethod
-    def of(cls, bars: Bars) -> Panel:
+    def of(cls, bars: Bars, rank: str = "forecast") -> Panel:
+        if rank not in RANKS:
+            raise ValueError(f"book ranks must be one of {', '.join(RANKS)}, got {rank!r}")
         dates, at = np.unique(bars.time_ns, return_inverse=True)
         names, col = np.unique(bars.instrument, return_inverse=True)
         shape = (len(dates), len(names))
@@ -73,21 +86,33 @@ class Panel:
             np.full(shape, np.nan),
             np.full(shape, np.nan),
         )
-        forecast[at, col], returns[at, col] = bars.median(), bars.returns
+        forecast[at, col], returns[at, col] = _signal(bars, rank), bars.returns
         for rows in bars.segments().values():
             variance[at[rows], col[rows]] = ewma_variance(bars.returns[rows])
         return cls(dates, [str(n) for n in names], forecast, returns, variance)
 
 
-def weights(panel: Panel, top: float, scheme: str) -> np.ndarray:
-    """[D, N] each date's long-short weights from its forecasts (see the module)."""
+def _signal(bars: Bars, rank: str) -> np.ndarray:
+    """[n] the ranking key: the median, or the median over the q0.9 - q0.1 spread (a spread of
+    zero: a median certain of itself ranks by its sign at the extreme)."""
+    median = bars.median()
+    if rank == "forecast":
+        return median
+    q = bars.quantiles
+    lo, hi = (int(np.argmin(np.abs(q - level))) for level in (0.1, 0.9))
+    spread = bars.forecast[:, hi] - bars.forecast[:, lo]
+    return np.divide(median, spread, out=np.sign(median) * np.inf, where=spread > 0)
+
+
+def weights(panel: Panel, top: float, scheme: str, min_names: int = 2) -> np.ndarray:
+    """[D, N] each date's long-short weights from its ranking key (see the module)."""
     if scheme not in WEIGHTS:
         raise ValueError(f"book weights must be one of {', '.join(WEIGHTS)}, got {scheme!r}")
     out = np.zeros_like(panel.forecast)
     for d, f in enumerate(panel.forecast):
         have = np.flatnonzero(np.isfinite(f))
         k = max(1, int(np.floor(top * len(have))))
-        if len(have) < 2 * k:
+        if len(have) < max(2 * k, min_names):
             continue
         ranked = have[np.argsort(f[have], kind="stable")]
         for side, sign in ((ranked[-k:], 1.0), (ranked[:k], -1.0)):
@@ -100,25 +125,22 @@ def weights(panel: Panel, top: float, scheme: str) -> np.ndarray:
     return out
 
 
-def run_book(panel: Panel, w: np.ndarray, lag: int, cost_bps: float) -> dict[str, Any]:
-    """The book of weights `w` [D, N] traded `lag` dates later: its per-date returns and stats."""
-    held = np.zeros_like(w)
-    held[lag:] = w[: len(w) - lag] if lag else w
-    gross = np.sum(held * np.nan_to_num(panel.returns), axis=1)
-    turnover = np.abs(np.diff(held, axis=0, prepend=0)).sum(axis=1)
+def run_book(panel: Panel, w: np.ndarray, cost_bps: float) -> dict[str, Any]:
+    """The book of weights `w` [D, N], each date's held over its bar: per-date returns, stats."""
+    gross = np.sum(w * np.nan_to_num(panel.returns), axis=1)
+    turnover = np.abs(np.diff(w, axis=0, prepend=0)).sum(axis=1)
     net = gross - cost_bps * 1e-4 * turnover
     per_year = bars_per_year(panel.dates)
-    live = slice(lag, None)  # the dates a position can be held
     return {
-        "sharpe": sharpe(net[live], per_year),
-        "gross_sharpe": sharpe(gross[live], per_year),
-        "net_return": float(net[live].sum()),
-        "gross_return": float(gross[live].sum()),
-        "max_drawdown": max_drawdown(net[live]),
-        "turnover": float(turnover[live].mean()) if len(turnover[live]) else 0.0,
-        "dates": int(len(net[live])),
-        "time_ns": panel.dates[live],
-        "net": net[live],
+        "sharpe": sharpe(net, per_year),
+        "gross_sharpe": sharpe(gross, per_year),
+        "net_return": float(net.sum()),
+        "gross_return": float(gross.sum()),
+        "max_drawdown": max_drawdown(net),
+        "turnover": float(turnover.mean()) if len(turnover) else 0.0,
+        "dates": int(len(net)),
+        "time_ns": panel.dates,
+        "net": net,
     }
 
 
@@ -127,11 +149,11 @@ def market(panel: Panel, cost_bps: float) -> dict[str, Any]:
     have = np.isfinite(panel.returns).astype(float)
     count = have.sum(axis=1, keepdims=True)
     w = np.divide(have, count, out=np.zeros_like(have), where=count > 0)
-    return run_book(panel, w, 0, cost_bps)
+    return run_book(panel, w, cost_bps)
 
 
 def deciles(panel: Panel) -> list[float | None]:
-    """The mean realised return of each forecast decile (lowest first), each date ranked alone
+    """The mean realised return of each ranking decile (lowest first), each date ranked alone
     and pooled over the dates with at least DECILES names."""
     sums, counts = np.zeros(DECILES), np.zeros(DECILES)
     for f, r in zip(panel.forecast, panel.returns, strict=True):
@@ -145,20 +167,20 @@ def deciles(panel: Panel) -> list[float | None]:
     return [float(s / c) if c else None for s, c in zip(sums, counts, strict=True)]
 
 
-def ic_by_horizon(table: pa.Table, lags: int) -> list[dict[str, Any]]:
-    """Each horizon's long-short rank IC by date (the forecast's median against the actual)."""
+def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str, Any]]:
+    """Each horizon's long-short rank IC by date: the forecast's median move against the
+    realised one, over the origin's level for a level target (the returns the book trades)."""
     median = quantile_column(min(quantile_levels(table), key=lambda q: abs(q - 0.5)))
-    out = []
+    naive = table["naive"].to_numpy().astype(np.float64)
+    base = naive if target_kind == "level" else np.ones_like(naive)
+    forecast = (table[median].to_numpy() - naive) / base
+    realised = (table["actual"].to_numpy() - naive) / base
+    origin = table["origin_time"].cast(pa.int64()).to_numpy()
     horizon = table["horizon"].to_numpy()
+    out = []
     for h in np.unique(horizon):
         rows = horizon == h
-        s = stats.ic(
-            table[median].to_numpy()[rows] - table["naive"].to_numpy()[rows],
-            table["actual"].to_numpy()[rows] - table["naive"].to_numpy()[rows],
-            table["origin_time"].cast(pa.int64()).to_numpy()[rows],
-            lags=lags,
-            rank=True,
-        )
+        s = stats.ic(forecast[rows], realised[rows], origin[rows], lags=lags, rank=True)
         out.append(
             {"horizon": int(h), "rank_ic": s["mean"], "rank_ic_t": s["t"], "mode": s["mode"]}
         )
@@ -173,13 +195,19 @@ def applies(e: Any, names: int) -> bool:
 
 def judged_book(table: pa.Table, target_kind: str, e: Any) -> dict[str, Any] | None:
     """The book of a test forecast table (and of its best baseline's columns), when eval.book
-    applies; {skipped: why} for a level that is no price."""
+    applies; {skipped: why}, said once in the log, where it was asked for and cannot be had
+    (one instrument, a level that is no price, horizons short of the bar held)."""
     names = len(set(table["instrument"].to_pylist()))
     if not applies(e, names):
-        return None
+        if str(getattr(e, "book", "none")) != "cross_section":
+            return None
+        why = f"eval.book=cross_section needs at least 2 instruments, the test has {names}"
+        log.warning("no cross-sectional book: %s", why)
+        return {"skipped": why}
     try:
         return book(table, target_kind, e, baseline_table(table, quantile_levels(table)))
     except DataError as why:
+        log.warning("no cross-sectional book: %s", why)
         return {"skipped": str(why)}
 
 
@@ -189,26 +217,24 @@ def book(
     e: Any,
     baseline: pa.Table | None = None,
 ) -> dict[str, Any]:
-    """summary.json's `book`: the model's cross-sectional book by eval's top, weights, lag and
-    book cost, the same book on the best baseline's forecasts, the market, the long-short IC by
-    horizon and the forecast deciles. Plain JSON but each book's `time_ns` and `net` (the
-    equity curve's), which the caller plots and drops."""
-    panel = Panel.of(horizon_one(table, target_kind))
-    top, scheme, lag, cost = (
-        float(e.book_top),
-        str(e.book_weights),
-        int(e.execution_lag),
-        float(e.book_cost_bps),
-    )
-    out = {"top": top, "weights": scheme, "execution_lag": lag, "cost_bps": cost}
+    """summary.json's `book`: the model's cross-sectional book by eval's top, weights, rank,
+    minimum names, lag and cost (ranked on horizon lag + 1, `horizon`), the same book on the
+    best baseline's forecasts, the market, the long-short IC by horizon and the deciles. Plain
+    JSON but each book's `time_ns` and `net` (the equity curve's), which the caller plots and
+    drops. DataError where the forecasts do not reach the bar held."""
+    lag, cost, rank = int(e.execution_lag), float(e.cost_bps), str(e.book_rank)
+    panel = Panel.of(held_bars(table, target_kind, lag), rank)
+    top, scheme, least = float(e.book_top), str(e.book_weights), int(e.book_min_names)
+    out = {"top": top, "weights": scheme, "rank": rank, "min_names": least}
+    out |= {"execution_lag": lag, "horizon": lag + 1, "cost_bps": cost}
     out["names"] = len(panel.names)
-    out["model"] = run_book(panel, weights(panel, top, scheme), lag, cost)
+    out["model"] = run_book(panel, weights(panel, top, scheme, least), cost)
     if baseline is not None:
-        theirs = Panel.of(horizon_one(baseline, target_kind))
-        out["best_baseline"] = run_book(theirs, weights(theirs, top, scheme), lag, cost)
+        theirs = Panel.of(held_bars(baseline, target_kind, lag), rank)
+        out["best_baseline"] = run_book(theirs, weights(theirs, top, scheme, least), cost)
     out["market"] = market(panel, cost)
     h = int(table["horizon"].to_numpy().max()) if table.num_rows else 1
-    out["ic_by_horizon"] = ic_by_horizon(table, lags=h)
+    out["ic_by_horizon"] = ic_by_horizon(table, target_kind, lags=h)
     out["deciles"] = deciles(panel)
     return out
 

@@ -62,12 +62,11 @@ def judge(
         "test_up_share": pooled.get("up_share"),
         "by_instrument": test,
     }
+    e, lag = eval_cfg, int(eval_cfg.execution_lag)
     judged, evaluation, results = evaluate(
-        table, schema.target_kind, eval_cfg.stride, eval_cfg.strategy, eval_cfg.cost_bps
+        table, schema.target_kind, e.stride, e.strategy, e.cost_bps, lag
     )
-    strategy = strategy_summary(
-        results, eval_cfg.strategy, eval_cfg.cost_bps, pooled.get("best_baseline")
-    )
+    strategy = strategy_summary(results, e.strategy, e.cost_bps, pooled.get("best_baseline"), lag)
     summary = {
         "metrics": headline | judged,
         "baselines": baselines,

@@ -98,7 +98,12 @@ class _Windows:
 
 
 def evaluate(
-    table: pa.Table, target_kind: str, stride: int | None, rule: str, cost_bps: float
+    table: pa.Table,
+    target_kind: str,
+    stride: int | None,
+    rule: str,
+    cost_bps: float,
+    lag: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(headline metrics for summary.json's `metrics`, the details (per horizon, instrument and
     quantile, the PIT histogram) for its `evaluation`, the strategy results by name, or
@@ -113,7 +118,7 @@ def evaluate(
         for row in rows[:1] + rows[1:][-1:]
     ]
     try:
-        results = compare(table, rule, cost_bps, target_kind, baseline=baseline)
+        results = compare(table, rule, cost_bps, target_kind, baseline=baseline, lag=lag)
     except DataError as why:  # a level that is not a price (no returns): no strategy
         log.info("no strategy: %s", why)
         results = {"skipped": str(why)}
@@ -190,7 +195,11 @@ def _against_baseline(
 
 
 def strategy_summary(
-    results: dict[str, StrategyResult], rule: str, cost_bps: float, baseline: str | None
+    results: dict[str, StrategyResult],
+    rule: str,
+    cost_bps: float,
+    baseline: str | None,
+    lag: int = 0,
 ) -> dict[str, Any]:
     """summary.json's `strategy`: the model's (pooled: the equal-risk portfolio, and
     by_instrument), buy-and-hold's and the best baseline's, by the same rule and costs; or
@@ -198,7 +207,7 @@ def strategy_summary(
     if "skipped" in results:
         return {"skipped": results["skipped"]}
     own = results["strategy"].summary()
-    out = {"rule": rule, "cost_bps": cost_bps, **own["pooled"]}
+    out = {"rule": rule, "cost_bps": cost_bps, "execution_lag": lag, **own["pooled"]}
     out |= {"hit_rate": results["strategy"].portfolio["hit_rate"]}
     out |= {"by_instrument": own["by_instrument"]}
     out["buy_and_hold"] = results["buy_and_hold"].summary()["pooled"]

@@ -67,7 +67,9 @@ def portfolio_returns(table: pa.Table, target_kind: str, e: Any) -> dict[str, An
     """The costed strategy's portfolio on a forecast table: its Sharpe ratio and per-bar net
     returns with their times (int64 ns), or {skipped: why} for a level that is no price."""
     try:
-        result = backtest_strategy(table, str(e.strategy), e.cost_bps, target_kind)
+        result = backtest_strategy(
+            table, str(e.strategy), e.cost_bps, target_kind, lag=int(e.execution_lag)
+        )
     except DataError as why:
         return {"skipped": str(why)}
     times, net = result.portfolio_returns

@@ -4,14 +4,18 @@ set of forecasts (the best baseline's), all run by the same code.
 
 Conventions, in one place so the report can quote them:
 
-- One bar per row. Each horizon-1 row is one bar of one instrument: the position p_t taken at
-  the close of the origin bar is held for one bar and earns the realised return r_{t+1}. For a
-  return target that is the target itself (`actual - naive`, naive being 0): a log return, as
-  foxhunt's `ohlcv` target is, for which p_t * r_{t+1} is the usual small-move approximation of
-  the position's return. For a level target (a price) it is the simple return
-  `(actual - naive) / naive`; a level that is not positive has no such return (DataError). The
-  forecast quantiles become returns the same way. An instrument's rows are taken in origin-time
-  order as consecutive bars (the test windows step one bar at a time).
+- One bar per row, traded `lag` bars after the forecast (`eval.execution_lag`, default 1): the
+  forecast made at the close of origin bar t is traded at the close of bar t + lag and held
+  over the next bar, so the position is set by the forecast of that bar, horizon lag + 1, and
+  earns its realised return r_{t+lag+1}. At lag 0 that is the bar after the forecast's own
+  close, a trade no one can make at the price the forecast was made from. For a return target
+  the bar's return is the target itself (`actual - naive`, naive being 0): a log return, as
+  foxhunt's `ohlcv` target is, for which p_t * r is the usual small-move approximation of the
+  position's return. For a level target (a price) it is the simple return of the bar, the move
+  from the level at its start (the realised one; the forecast's own median for the forecast)
+  over that level; a level that is not positive has no such return (DataError). The forecast
+  quantiles become returns the same way. An instrument's rows are taken in origin-time order as
+  consecutive bars (the test windows step one bar at a time).
 - Positions (`positions`): `sign` is one unit long or short in the direction of the median
   forecast (flat where it is exactly zero); `scaled` is the median divided by the predicted
   spread (the outermost quantiles' distance), clipped to [-1, 1]: a forecast that is confident
@@ -117,34 +121,60 @@ class Bars:
         return self.forecast[:, int(np.argmin(np.abs(self.quantiles - 0.5)))]
 
 
-def horizon_one(table: pa.Table, target_kind: str) -> Bars:
-    """The horizon-1 rows of a forecast table (`forecasts.forecast_table`) as returns: the
-    quantile columns `q<level>` and the realised move `actual - naive`, divided by the level
-    `naive` for a level target (see module)."""
+def held_bars(table: pa.Table, target_kind: str, lag: int = 0) -> Bars:
+    """The bar a forecast is held over, `lag` bars after its origin (horizon lag + 1), as
+    returns, one row per instrument and origin: the quantile columns `q<level>` and the realised
+    move `actual - naive`; for a level target the move from the level at the bar's start (the
+    origin's `naive` at horizon 1, else the realised level and the median forecast at horizon
+    `lag`) divided by that level (see module)."""
     if target_kind not in ("return", "level"):
         raise ValueError(f"target_kind must be 'return' or 'level', not {target_kind!r}")
-    table = table.filter(pc.equal(table["horizon"], 1))
-    quantiles = np.array(quantile_levels(table))
+    h = lag + 1
+    rows = _horizon(table, h)
+    if not rows.num_rows:
+        raise DataError(
+            f"no horizon-{h} forecasts to trade {lag} bar(s) after the forecast "
+            f"(eval.execution_lag={lag} needs data.prediction_length >= {h})"
+        )
+    quantiles = np.array(quantile_levels(rows))
     if not len(quantiles):
         raise DataError("the forecast table has no quantile columns (q0.5, ...)")
-    forecast = np.column_stack([table[quantile_column(q)].to_numpy() for q in quantiles])
-    actual = table["actual"].to_numpy().astype(np.float64)
-    naive = table["naive"].to_numpy().astype(np.float64)
-    forecast, actual = forecast - naive[:, None], actual - naive
+    forecast = np.column_stack([rows[quantile_column(q)].to_numpy() for q in quantiles])
+    actual = rows["actual"].to_numpy().astype(np.float64)
+    start = rows["naive"].to_numpy().astype(np.float64)
+    forecast_start = start
+    if target_kind == "level" and h > 1:
+        before = _horizon(table, h - 1)
+        start = before["actual"].to_numpy().astype(np.float64)
+        median = min(quantile_levels(before), key=lambda q: abs(q - 0.5))
+        forecast_start = before[quantile_column(median)].to_numpy().astype(np.float64)
+    forecast, actual = forecast - forecast_start[:, None], actual - start
     if target_kind == "level":
-        if (naive <= 0).any():
+        if (start <= 0).any() or (forecast_start <= 0).any():
             raise DataError(
-                f"{int((naive <= 0).sum())} horizon-1 rows have a level of zero or below: no "
-                "simple return, so no strategy (use a return target)"
+                f"{int((start <= 0).sum())} horizon-{h} rows start from a level of zero or "
+                "below: no simple return, so no strategy (use a return target)"
             )
-        forecast, actual = forecast / naive[:, None], actual / naive
+        forecast, actual = forecast / forecast_start[:, None], actual / start
     return Bars(
-        instrument=pc.fill_null(table["instrument"], UNNAMED).to_numpy(zero_copy_only=False),
-        time_ns=table["origin_time"].cast(pa.int64()).to_numpy(),
+        instrument=pc.fill_null(rows["instrument"], UNNAMED).to_numpy(zero_copy_only=False),
+        time_ns=rows["origin_time"].cast(pa.int64()).to_numpy(),
         forecast=forecast,
         quantiles=quantiles,
         returns=actual,
     )
+
+
+def horizon_one(table: pa.Table, target_kind: str) -> Bars:
+    """The horizon-1 bars (`held_bars` at lag 0): a forecast held over the bar it forecasts."""
+    return held_bars(table, target_kind, 0)
+
+
+def _horizon(table: pa.Table, h: int) -> pa.Table:
+    """A forecast table's horizon-`h` rows by instrument, then origin time (two horizons'
+    rows line up)."""
+    rows = table.filter(pc.equal(table["horizon"], h))
+    return rows.sort_by([("instrument", "ascending"), ("origin_time", "ascending")])
 
 
 def positions(median: np.ndarray, lower: np.ndarray, upper: np.ndarray, rule: str) -> np.ndarray:
@@ -341,12 +371,12 @@ def run_positions(
     return StrategyResult(per_instrument, portfolio, curves, ledger, (times, portfolio_net))
 
 
-def _bars(forecasts: pa.Table | Bars, target_kind: str | None) -> Bars:
+def _bars(forecasts: pa.Table | Bars, target_kind: str | None, lag: int) -> Bars:
     if isinstance(forecasts, Bars):
         return forecasts
     if target_kind is None:
         raise ValueError("a forecast table needs its target_kind ('return' or 'level')")
-    return horizon_one(forecasts, target_kind)
+    return held_bars(forecasts, target_kind, lag)
 
 
 def backtest_strategy(
@@ -355,10 +385,12 @@ def backtest_strategy(
     cost_bps: float,
     target_kind: str | None = None,
     bars_per_year: float | None = None,
+    lag: int = 0,
 ) -> StrategyResult:
-    """The strategy `rule` (`sign` or `scaled`) on a forecast table's horizon-1 rows (its
-    `target_kind` needed) or on Bars, costed at `cost_bps` per unit of turnover."""
-    bars = _bars(forecasts, target_kind)
+    """The strategy `rule` (`sign` or `scaled`) on a forecast table's bars held `lag` bars
+    after the forecast (its `target_kind` needed) or on Bars, costed at `cost_bps` per unit of
+    turnover."""
+    bars = _bars(forecasts, target_kind, lag)
     position = positions(bars.median(), bars.forecast[:, 0], bars.forecast[:, -1], rule)
     return run_positions(bars, position, cost_bps, bars_per_year)
 
@@ -368,9 +400,10 @@ def buy_and_hold(
     cost_bps: float,
     target_kind: str | None = None,
     bars_per_year: float | None = None,
+    lag: int = 0,
 ) -> StrategyResult:
     """One unit long in every instrument throughout (one entry cost each), on the same bars."""
-    bars = _bars(forecasts, target_kind)
+    bars = _bars(forecasts, target_kind, lag)
     return run_positions(bars, np.ones(len(bars.returns)), cost_bps, bars_per_year)
 
 
@@ -381,16 +414,18 @@ def compare(
     target_kind: str | None = None,
     baseline: pa.Table | Bars | None = None,
     bars_per_year: float | None = None,
+    lag: int = 0,
 ) -> dict[str, StrategyResult]:
     """{strategy, buy_and_hold, and with `baseline` (another set of forecasts of the same
-    bars, e.g. the best baseline's) baseline_strategy}: each a StrategyResult."""
-    bars = _bars(forecasts, target_kind)
+    bars, e.g. the best baseline's) baseline_strategy}: each a StrategyResult, traded `lag` bars
+    after the forecast."""
+    bars = _bars(forecasts, target_kind, lag)
     out = {
         "strategy": backtest_strategy(bars, rule, cost_bps, bars_per_year=bars_per_year),
         "buy_and_hold": buy_and_hold(bars, cost_bps, bars_per_year=bars_per_year),
     }
     if baseline is not None:
-        other = _bars(baseline, target_kind)
+        other = _bars(baseline, target_kind, lag)
         same = (
             np.array_equal(other.instrument, bars.instrument)
             and np.array_equal(other.time_ns, bars.time_ns)
