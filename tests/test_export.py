@@ -837,3 +837,29 @@ def test_rows_to_forecast_of_a_contract_forecast_its_root_as_predict_py(futures,
     code, _, stderr = consumer(futures.export, data, tmp_path / "onnx.parquet")
     assert code == 0, stderr
     _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
+
+
+def test_a_short_or_doubled_futures_file_is_one_line_naming_its_contracts(futures, tmp_path):
+    """100 rows of ESM6 (4 past the feature warm-up, the encoder needs 32) count as the user
+    sees them, by contract; a contract's row given twice names the contract and the time: in
+    predict.py and the consumer alike, exit 2 and one line."""
+    table = pq.read_table(futures.data)
+    esm6 = table.filter(pc.equal(table["symbol"], "ESM6"))
+    at = esm6["timestamp"][500].as_py().strftime("%Y-%m-%dT%H:%M:%SZ")
+    cases = {
+        "short": (esm6.slice(0, 100), "ES has 4 (of 100 in the data: 100 of ESM6)"),
+        "twice": (
+            pa.concat_tables([table, esm6.slice(500, 1)]),
+            f"contract ESM6 has two rows at {at}: one bar per contract and time",
+        ),
+    }
+    for name, (rows, message) in cases.items():
+        data = tmp_path / f"{name}.parquet"
+        pq.write_table(rows, data)
+        out = tmp_path / f"{name}-out.parquet"
+        run = (f"ckpt_path={futures.ckpt}", f"data.path={data}", f"predict.out={out}")
+        code, _, stderr = run_script("predict.py", *run, f"hydra.run.dir={tmp_path / 'run'}")
+        assert code == 2 and stderr.count("\n") == 1 and message in stderr, (name, stderr)
+        code, _, stderr = consumer(futures.export, data, out)
+        assert code == 2 and stderr.count("\n") == 1 and message in stderr, (name, stderr)
+        assert not out.exists()

@@ -461,3 +461,29 @@ def test_int8_export_predicts(trained):
     load_int8(old)
     with pytest.raises(CheckpointError, match="exported without its data schema"):
         foxhunt.load(old)
+
+
+def test_a_changed_clock_is_refused_before_the_data_is_read(trained, tmp_path):
+    """A model's clock (time zone, close) is part of it: predict and export refuse a
+    data.calendar that moves it, in one line, before reading the data (a path that does not
+    exist is not reached) or writing model.json; a data option's calendar gives way to it."""
+    missing = tmp_path / "not_there.parquet"
+    for tokyo in ("data.calendar.time_zone=Asia/Tokyo", "data.calendar.close=16:00"):
+        for script, extra in (("predict.py", []), ("export.py", [f"export.out={tmp_path}/x"])):
+            code, _, stderr = run_script(
+                script,
+                f"ckpt_path='{trained.ckpt}'",
+                f"data.path={missing}",
+                tokyo,
+                *extra,
+                f"hydra.run.dir={tmp_path / 'run'}",
+            )
+            assert code == 2 and stderr.count("\n") == 1, (script, stderr)
+            assert stderr.startswith("error: data.calendar gives the clock "), stderr
+            assert "but the model was trained on UTC (close 20:00)" in stderr
+    assert not (tmp_path / "x" / "model.json").exists()
+    option = OmegaConf.merge(training_data_config(trained.ckpt), {"calendar": {"close": "15:00"}})
+    kept = foxhunt.load(trained.ckpt, data_defaults=option).data_cfg
+    assert clock_of(kept) == clock_of(training_data_config(trained.ckpt))
+    holidays = {"calendar": {"holidays": ["2027-01-01"]}}  # the steps after the data may change
+    assert foxhunt.load(trained.ckpt, holidays).data_cfg.calendar.holidays == ["2027-01-01"]

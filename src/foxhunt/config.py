@@ -169,6 +169,7 @@ class DataConfig:
     group_column: str | None = None
     # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
     target: str | None = None
+    # auto: return for the derived target or clearly returns (foxhunt.data.target), else level
     target_kind: TargetKind = TargetKind.auto
     # each instrument's target on its own training rows' scale, which the model also sees as a
     # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)

@@ -6,18 +6,28 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve.clock import Clock, Sessions, learn_open, session_steps
 from foxhunt_serve.features import calendar
 from foxhunt_serve.forecast import output
+from foxhunt_serve.read import time_ns, zone_of
 from foxhunt_serve.windows import future_steps
 
 from foxhunt.app.inspect import Inspection, _instruments, _zone
+from foxhunt.config import DataConfig
 from foxhunt.data.daylight import warning
 from foxhunt.data.features import clock_of, learned_sessions
+from foxhunt.data.read import load_table
 from foxhunt.data.sample import es_sample_table
 from foxhunt.data.schema import DataSchema
-from tests.helpers import compose_train
+from tests.helpers import (
+    compose_train,
+    run_script,
+    session_bars,
+    session_times,
+    write_table,
+)
 
 FIVE_MIN = 300 * 10**9
 DAY = 86_400 * 10**9
@@ -157,3 +167,70 @@ def test_an_exchange_gives_its_holidays_and_early_closes():
     dates = _ns("2026-11-23", "2026-11-24", "2026-11-25")
     got = session_steps(dates, int(dates[-1]), DAY, 2, nyse)  # not Thanksgiving, the 26th
     assert got.tolist() == _ns("2026-11-27", "2026-11-30").tolist()
+
+
+# --- issue 58, item 2: naive times are local times on data.calendar's clock -----------------
+
+
+def _naive(path, cols: dict, local: np.ndarray) -> str:
+    """`cols` with the times `local` (int64 ns) written without a time zone, as a vendor's."""
+    table = pa.table({**cols, "timestamp": pa.array(local, pa.timestamp("ns"))})
+    pq.write_table(table, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("weeks", [("2026-03-02", "2026-03-13"), ("2026-10-26", "2026-11-06")])
+def test_naive_times_are_local_on_the_calendars_clock_across_a_change(tmp_path, weeks):
+    """Chicago's 08:30-15:00 bars over the spring and the autumn change, stamped without a
+    zone in Chicago time: read as the same instants, and the same calendar features, as the
+    file stamped in UTC; with the default zone (UTC) a naive file reads as it always did."""
+    utc = session_times("America/Chicago", *weeks, ("08:30", "15:00"))
+    cols = {k: v for k, v in session_bars(utc).items() if k != "timestamp"}
+    aware = write_table(tmp_path / "utc.parquet", {"timestamp": utc, **cols})
+    naive = _naive(tmp_path / "naive.parquet", cols, CHICAGO.local(utc))
+    loaded = []
+    for path in (aware, naive):
+        cfg = DataConfig(path=str(path), group_column="symbol", features="ohlcv", lazy=False)
+        cfg.calendar.time_zone, cfg.calendar.close = CHICAGO.time_zone, "15:00"
+        (series,) = load_table(pq.read_table(path), cfg).series
+        loaded.append(series)
+    np.testing.assert_array_equal(loaded[1].time_ns, loaded[0].time_ns)
+    np.testing.assert_array_equal(loaded[1].known, loaded[0].known)  # the calendar's
+    np.testing.assert_array_equal(loaded[1].observed, loaded[0].observed)
+    meta = {"calendar": CHICAGO.section(), "time_column": "timestamp", "time_unit": None}
+    np.testing.assert_array_equal(
+        time_ns(pq.read_table(naive), "timestamp", None, zone_of(meta)), utc
+    )
+    as_utc = time_ns(pq.read_table(naive), "timestamp", None)  # the default clock: UTC
+    np.testing.assert_array_equal(as_utc, CHICAGO.local(utc))
+
+
+@pytest.mark.parametrize(
+    ("stamp", "how"),
+    [("2026-03-08T02:30:00", "goes forward over it"), ("2026-11-01T01:30:00", "goes back over it")],
+)
+def test_a_naive_time_the_clock_skips_or_repeats_is_one_line_before_training(tmp_path, stamp, how):
+    """A naive time that is no instant (spring) or two (autumn) in the calendar's zone: exit 2,
+    one line that says how to declare the times, before any training."""
+    utc = session_times("America/Chicago", "2026-02-02", "2026-03-06", ("08:30", "15:00"))
+    local = np.append(CHICAGO.local(utc), np.datetime64(stamp, "ns").astype(np.int64))
+    cols = {k: np.append(v, v[-1]) for k, v in session_bars(utc).items() if k != "timestamp"}
+    path = _naive(tmp_path / "naive.parquet", cols, local)
+    code, stdout, stderr = run_script(
+        "train.py",
+        "data=parquet",
+        f"data.path={path}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.calendar.time_zone=America/Chicago",
+        "trainer.accelerator=cpu",
+        *("trainer.max_epochs=1", "trainer.limit_train_batches=1", "report=false"),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert stderr == (
+        f"error: time column 'timestamp' holds {stamp} without a time zone: a local time in "
+        f"America/Chicago (data.calendar.time_zone), whose clock {how}; store the column with "
+        "its zone (timestamp[ns, tz=America/Chicago]) or in UTC (tz=UTC)\n"
+    )
+    assert "epoch" not in (stdout + stderr).lower()

@@ -509,3 +509,30 @@ def test_daily_bars_get_no_time_of_day_features(tmp_path):
         assert dm.schema.known == ["dow_sin", "dow_cos"], f"lazy={lazy}"
         found.append(dm.datasets["train"].inputs)
     assert torch.equal(found[0], found[1])
+
+
+def test_a_contract_with_a_time_twice_names_the_contract_and_the_time(es_sample, tmp_path):
+    """A futures file with one contract's row duplicated (foxhunt sorts rows itself, so the
+    file's order is no fault): `foxhunt train` stops with exit 2 on one line naming the
+    contract and the time, before any training, for a contract held or not held at the time."""
+    table = pq.read_table(es_sample)
+    for contract, row in (("ESM6", 10), ("ESH6", 2000)):  # ESM6's 10th bar: not yet held
+        rows = table.filter(pc.equal(table["symbol"], contract))
+        path = tmp_path / f"twice-{contract}.parquet"
+        pq.write_table(pa.concat_tables([rows.slice(row, 1), table]), path)
+        at = rows["timestamp"][row].as_py().strftime("%Y-%m-%dT%H:%M:%SZ")
+        code, stdout, stderr = run_script(
+            "train.py",
+            "data=es_fut_small",
+            f"data.path={path}",
+            "data.generate_if_missing=false",
+            "trainer.accelerator=cpu",
+            *("trainer.max_epochs=1", "trainer.limit_train_batches=1", "report=false"),
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert stderr == (
+            f"error: contract {contract} has two rows at {at}: one bar per contract and time, "
+            "drop the duplicate\n"
+        )
+        assert "epoch" not in (stdout + stderr).lower()

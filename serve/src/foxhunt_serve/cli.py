@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.forecast import predict, write_atomic
+
+MODEL_FILES = ("model.json", "model.onnx")  # what `foxhunt export` writes into EXPORT_DIR
+
+
+def output_path(out: Path, data: Path, export_dir: Path, overwrite: bool) -> Path:
+    """Where OUT is written, checked before any work: never the input data or the export's
+    own files (whatever --overwrite says), a file in a directory that exists and takes files,
+    and not an existing file unless --overwrite."""
+    out = out.resolve()
+    if out == data.resolve():
+        raise InputError(f"{out} is the input data; give another path")
+    if out in [export_dir.resolve() / name for name in MODEL_FILES]:
+        raise InputError(f"{out} is the export's own {out.name}; give another path")
+    if out.is_dir():
+        raise InputError(f"{out} is a directory; give the path of the file to write")
+    if not out.parent.is_dir():
+        raise InputError(f"directory {out.parent} does not exist; make it, or give another path")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} exists; give another path, or --overwrite to replace it")
+    probe = out.parent / f".{out.name}.{os.getpid()}.probe"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"cannot write in directory {out.parent}: {exc.strerror}") from None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,16 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all-windows", action="store_true", help="every window, not the latest")
     p.add_argument("--batch-size", type=int, default=256, help="windows per ONNX Runtime run")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: its own)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUT (never the input data or the export's own files)",
+    )
     args = p.parse_args(argv)
     try:
-        out = args.out.resolve()
-        if out == args.data.resolve():
-            raise InputError(f"{out} is the input data; give another path")
-        if out.exists() and not args.overwrite:
-            raise InputError(f"{out} exists; give another path, or --overwrite to replace it")
         if args.batch_size < 1:
-            raise InputError(f"--batch-size must be positive, got {args.batch_size}")
+            raise InputError(f"--batch-size must be 1 or more, got {args.batch_size}")
+        if args.threads < 0:
+            raise InputError(
+                f"--threads must be 0 (ONNX Runtime's choice) or more, got {args.threads}"
+            )
+        out = output_path(args.out, args.data, args.export_dir, args.overwrite)
         table = predict(args.export_dir, args.data, args.all_windows, args.batch_size, args.threads)
         write_atomic(table, out)
     except (InputError, OSError) as exc:

@@ -49,8 +49,8 @@ import numpy as np
 
 from foxhunt_serve import exchange
 from foxhunt_serve.errors import InputError
-from foxhunt_serve.read import DAY_NS
 
+DAY_NS = 86_400 * 10**9
 SECOND_NS = 10**9
 WEEK_NS = 7 * DAY_NS
 SESSIONS = ("bars", "continuous")
@@ -212,6 +212,22 @@ def changes(name: str, t: np.ndarray) -> np.ndarray:
     if name == "UTC" or len(t) == 0:
         return np.zeros(0, np.int64)
     return _table(name, *_years(np.asarray(t, dtype=np.int64)))[0][1:]
+
+
+def utc_of_rows(local: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row by row, the UTC instants (int64 ns) of local times `local` in zone `name`, and
+    which of them the zone skips (no instant: a spring change) or repeats (two: an autumn
+    change); those rows' instants are not meaningful."""
+    if name == "UTC":
+        none = np.zeros(len(local), dtype=bool)
+        return local, none, none
+    trans, off = _table(name, *_years(local))
+    lo = trans + off  # each offset's span in local time: [lo, hi)
+    hi = np.append(trans[1:] + off[:-1], np.iinfo(np.int64).max)
+    j = np.searchsorted(lo, local, side="right") - 1
+    prev = np.maximum(j - 1, 0)
+    in_j, in_prev = local < hi[j], (j > 0) & (local < hi[prev])
+    return np.where(in_j, local - off[j], local - off[prev]), ~(in_j | in_prev), in_j & in_prev
 
 
 def utc_of(local: np.ndarray, name: str, step_ns: int) -> np.ndarray:

@@ -45,9 +45,8 @@ import math
 
 import numpy as np
 
-from foxhunt_serve.clock import Clock
+from foxhunt_serve.clock import DAY_NS, Clock
 from foxhunt_serve.errors import InputError
-from foxhunt_serve.read import DAY_NS
 
 FAMILIES = ("logret", "rvol", "volz", "range", "clv", "mom")  # the observed ones, in order
 CALENDAR = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")

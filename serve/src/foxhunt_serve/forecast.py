@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from foxhunt_serve.calibration import apply
 from foxhunt_serve.errors import InputError
-from foxhunt_serve.export import read_export
+from foxhunt_serve.export import open_session, read_export
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.windows import Windows, build_windows
 
@@ -42,7 +42,7 @@ def forecast(
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
     centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)
     actual = (w.actual - centre[:, None]) / scale[:, None]
-    cal = meta.get("calibration")
+    cal = meta["calibration"]
     values = apply(out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns)
     return values * scale[:, None, None] + centre[:, None, None]
 
@@ -81,18 +81,16 @@ def predict(
     export_dir: Path, data: Path, all_windows: bool = False, batch_size: int = 256, threads: int = 0
 ) -> pa.Table:
     """The forecasts of the exported model for the bars in `data`, as predict.py's table."""
-    meta, model = read_export(export_dir)
+    meta, model = read_export(export_dir)  # both checked before the data is read
+    onnx = open_session(model, meta, export_dir / "model.json", threads)
     try:
         table = pq.read_table(data)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
     # aci adapts to the realized targets of the instrument's past windows: forecast them too
-    adapts = (meta.get("calibration") or {}).get("method") == "aci"
+    adapts = (meta["calibration"] or {}).get("method") == "aci"
     windows = build_windows(table, meta, all_windows or adapts, str(data))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    values = forecast(session, meta, windows, batch_size)
+    values = forecast(onnx, meta, windows, batch_size)
     if adapts and not all_windows:  # then only each instrument's latest
         latest = build_windows(table, meta, False, str(data))
         windows, values = latest, values[rows_of(windows, latest)]
@@ -109,7 +107,8 @@ def rows_of(every: Any, latest: Any) -> np.ndarray:
 
 
 def write_atomic(table: pa.Table, out: Path) -> None:
-    """A temp file beside `out`, fsynced, then renamed over it: whole or not there."""
+    """A temp file beside `out`, fsynced, then renamed over it: whole or not there. An OSError
+    is an InputError naming `out` (not the temp file)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -117,5 +116,10 @@ def write_atomic(table: pa.Table, out: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # an unwritable directory: the error above names it

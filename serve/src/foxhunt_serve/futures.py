@@ -43,8 +43,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from foxhunt_serve.clock import DAY_NS
 from foxhunt_serve.errors import InputError
-from foxhunt_serve.read import DAY_NS, as_float, as_text, time_ns
+from foxhunt_serve.read import as_float, as_text, iso_time, time_ns, zone_of
 
 log = logging.getLogger(__name__)
 MONTH_CODES = "FGHJKMNQUVXZ"  # January .. December
@@ -394,7 +395,7 @@ def continuous(table: pa.Table, data: dict[str, Any]) -> tuple[pa.Table, list[Ro
 def contracts_by_root(table: pa.Table, data: dict[str, Any]) -> dict[str, list[Contract]]:
     """Each root's contracts: the rows of each contract id, in time order."""
     f, roll, group = data["futures"], data["futures"]["roll"], data["group_column"]
-    t = time_ns(table, data["time_column"], data["time_unit"])
+    t = time_ns(table, data["time_column"], data["time_unit"], zone_of(data))
     ids = np.asarray(as_text(table.column(group), group).to_pylist(), dtype=object)
     values = {p: as_float(table, data["ohlcv"][p]) for p in (*PRICES, "volume")}
     interest = roll["open_interest_column"]
@@ -410,6 +411,12 @@ def contracts_by_root(table: pa.Table, data: dict[str, Any]) -> dict[str, list[C
     for contract_id in sorted(set(ids)):
         rows = np.flatnonzero(ids == contract_id)
         rows = rows[np.argsort(t[rows], kind="stable")]
+        twice = np.flatnonzero(np.diff(t[rows]) == 0)
+        if len(twice):  # rows are sorted here: a time given twice is the file's duplicate
+            raise InputError(
+                f"contract {contract_id} has two rows at {iso_time(t[rows[twice[0]]])}: one "
+                "bar per contract and time, drop the duplicate"
+            )
         if roots is None:
             root, month, year = parse_contract(contract_id, t[rows[0]], f["root_pattern"])
         else:  # the root column names it; the id may still give the month

@@ -10,12 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from foxhunt_serve.clock import DAY_NS, Clock, utc_of_rows
 from foxhunt_serve.errors import InputError
 
-DAY_NS = 86_400 * 10**9
-
-
 TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def iso_time(ns: int) -> str:
+    """A time (int64 ns, UTC) as an ISO string, for a message."""
+    return f"{np.datetime64(int(ns), 'ns').astype('datetime64[s]')}Z"
 
 
 def one_line(exc: Exception) -> str:
@@ -23,12 +26,16 @@ def one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def time_ns(table: pa.Table, column: str, unit: str | None) -> np.ndarray:
-    """A time column as int64 nanoseconds since 1970: a timestamp or date column by its own
-    unit, an integer column by `unit` (data.time_unit; required: nothing in the file says it)."""
+def time_ns(table: pa.Table, column: str, unit: str | None, time_zone: str = "UTC") -> np.ndarray:
+    """A time column as int64 nanoseconds since 1970 UTC: a timestamp or date column by its own
+    unit, an integer column by `unit` (data.time_unit; required: nothing in the file says it).
+    A timestamp column without a time zone (naive) holds local times in `time_zone`
+    (data.calendar's clock), unless every one is a midnight: dates, read as a date column is.
+    A naive time the zone skips or repeats (a daylight-saving change) is an error."""
     col = table.column(column)
     if col.null_count:
         raise InputError(f"time column '{column}' has {col.null_count} null values")
+    naive = pa.types.is_timestamp(col.type) and col.type.tz is None
     try:
         if pa.types.is_integer(col.type):
             if unit is None:
@@ -46,7 +53,31 @@ def time_ns(table: pa.Table, column: str, unit: str | None) -> np.ndarray:
             f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
             f"years 1677-2262): {one_line(exc)}"
         ) from None
-    return pc.cast(col, pa.int64()).to_numpy()
+    t = pc.cast(col, pa.int64()).to_numpy()
+    if naive and time_zone != "UTC" and (t % DAY_NS).any():
+        return _from_local(t, column, time_zone)
+    return t
+
+
+def zone_of(data: dict[str, Any]) -> str:
+    """The time zone naive times are local times in: data.calendar's clock's."""
+    return Clock.of(data.get("calendar")).time_zone
+
+
+def _from_local(local: np.ndarray, column: str, time_zone: str) -> np.ndarray:
+    """UTC of naive local times in `time_zone`; an error naming the first the zone skips or
+    repeats (a naive time cannot say which instant it was)."""
+    utc, skipped, repeated = utc_of_rows(local, time_zone)
+    if skipped.any() or repeated.any():
+        i = int(np.argmax(skipped | repeated))
+        when = "goes forward over" if skipped[i] else "goes back over"
+        at = np.datetime64(int(local[i]), "ns").astype("datetime64[s]")
+        raise InputError(
+            f"time column '{column}' holds {at} without a time zone: a local time in "
+            f"{time_zone} (data.calendar.time_zone), whose clock {when} it; store the column "
+            f"with its zone (timestamp[ns, tz={time_zone}]) or in UTC (tz=UTC)"
+        )
+    return utc
 
 
 def _no_unit(column: str, col: pa.ChunkedArray) -> str:
@@ -128,7 +159,8 @@ def split_future(table: pa.Table, data: dict[str, Any]) -> tuple[pa.Table, dict[
     if not future.any():
         return table, {}
     after = table.filter(pa.array(future))
-    t = time_ns(after, data["time_column"], data["time_unit"])
+    # the whole column's times: whether naive ones are dates is decided on all of them
+    t = time_ns(table, data["time_column"], data["time_unit"], zone_of(data))[future]
     known = {k: as_float(after, k) for k in data["known_columns"] if k in after.column_names}
     after_codes = codes[future]
     by_name = {}
@@ -147,13 +179,7 @@ def by_root(
     one contract of each root."""
     roots: dict[str, list[str]] = {}
     for g in np.unique(codes):
-        contract = names[g]
-        if futures["root_column"]:
-            root = str(after[futures["root_column"]].filter(pa.array(codes == g))[0].as_py())
-        else:
-            found = re.match(futures["root_pattern"], str(contract))
-            root = found["root"] if found else str(contract)
-        roots.setdefault(root, []).append(contract)
+        roots.setdefault(root_of(after, codes == g, names[g], futures), []).append(names[g])
     for root, contracts in roots.items():
         if len(contracts) > 1:  # the first root (in file order) with several
             raise InputError(
@@ -162,3 +188,12 @@ def by_root(
                 "contract of a root"
             )
     return {root: by_contract[contracts[0]] for root, contracts in roots.items()}
+
+
+def root_of(table: pa.Table, rows: np.ndarray, contract: str, futures: dict) -> str:
+    """The root of `contract`, whose rows of `table` are `rows` (a mask): its root column's,
+    else its id's by data.futures.root_pattern, else the id itself."""
+    if futures["root_column"]:
+        return str(table[futures["root_column"]].filter(pa.array(rows))[0].as_py())
+    found = re.match(futures["root_pattern"], str(contract))
+    return found["root"] if found else str(contract)

@@ -13,7 +13,7 @@ from foxhunt_serve.clock import Clock
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
-from foxhunt_serve.read import as_float, group_codes, time_ns
+from foxhunt_serve.read import as_float, group_codes, iso_time, time_ns, zone_of
 from foxhunt_serve.scaling import SCALE_INPUT, of_instruments, scale_input
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -60,11 +60,6 @@ def non_finite(
         for v in columns.values():
             keep &= np.isfinite(v)
     return {c: v[keep] for c, v in columns.items()}, keep
-
-
-def iso_time(ns: int) -> str:
-    """A time (int64 ns, UTC) as an ISO string, for a message."""
-    return f"{np.datetime64(int(ns), 'ns').astype('datetime64[s]')}Z"
 
 
 def out_of_order(time_column: str, name: str, t: np.ndarray, i: int, where: str = "") -> str:
@@ -156,7 +151,7 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
         raise InputError(f"{path} has no rows")
     if futures is not None:
         table, _ = continuous(table, data)
-    t = time_ns(table, data["time_column"], data["time_unit"])
+    t = time_ns(table, data["time_column"], data["time_unit"], zone_of(data))
     codes, names = group_codes(table, data["group_column"])
     values = {c: as_float(table, c) for c in data["columns_read"]}
     order = np.argsort(codes, kind="stable")

@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from foxhunt_serve.clock import Clock, Sessions, session_steps
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
-from foxhunt_serve.read import Future, as_text, split_future
+from foxhunt_serve.read import Future, group_codes, root_of, split_future
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.series import load_series
 
@@ -223,15 +222,32 @@ def check_history(
     short = [n for n in names if usable.get(n, 0) < needed]
     if not short:
         return
-    if data["group_column"]:
-        counts = pc.value_counts(as_text(rows.column(data["group_column"]), data["group_column"]))
-        raw = {c["values"].as_py(): c["counts"].as_py() for c in counts}
-    else:
-        raw = {"series": rows.num_rows}
+    raw = rows_in_data(rows, data)
     listed = "; ".join(
-        f"{n} has {usable.get(n, 0)} (of {raw.get(n, 0)} in the data)" for n in short
+        f"{n} has {usable.get(n, 0)} (of {raw.get(n, '0 in the data')})" for n in short
     )
+    warmup = f" of {data['ohlcv']['warmup_rows']} rows" if data.get("ohlcv") else ""
     raise InputError(
         f"too short a history for the model's encoder of {needed} rows: {listed}; the rows "
-        "left after NaN handling and the feature warm-up count"
+        f"left after NaN handling and the feature warm-up{warmup} count"
     )
+
+
+def rows_in_data(rows: pa.Table, data: dict[str, Any]) -> dict[str, str]:
+    """Each instrument's rows in the data, as the user counts them: a futures root's by the
+    contracts its rows name ("100 in the data: 100 of ESM6")."""
+    if not data["group_column"]:
+        return {"series": f"{rows.num_rows} in the data"}
+    codes, names = group_codes(rows, data["group_column"])
+    counts = np.bincount(codes, minlength=len(names))
+    if data["futures"] is None:
+        return {n: f"{c} in the data" for n, c in zip(names, counts, strict=True)}
+    by_root: dict[str, list[tuple[str, int]]] = {}
+    for g, contract in enumerate(names):
+        root = root_of(rows, codes == g, contract, data["futures"])
+        by_root.setdefault(root, []).append((contract, int(counts[g])))
+    return {
+        root: f"{sum(c for _, c in found)} in the data: "
+        + ", ".join(f"{c} of {k}" for k, c in found)
+        for root, found in by_root.items()
+    }

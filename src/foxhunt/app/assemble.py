@@ -89,8 +89,8 @@ def assemble(
     precision.check_device(trainer.strategy.root_device)  # before any data is read
     datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
     datamodule.setup()
-    if datamodule.zone_warning:  # once, at the start of training
-        logging.getLogger(__name__).warning("data: %s", datamodule.zone_warning)
+    for warning in filter(None, [datamodule.zone_warning, *datamodule.target_warnings]):
+        logging.getLogger(__name__).warning("data: %s", warning)  # once, at the start of training
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
     module = make_module(cfg, datamodule.schema)

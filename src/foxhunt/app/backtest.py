@@ -283,7 +283,8 @@ def summarize(backtest_dir: str | Path) -> dict[str, Any]:
     val = [f["metrics"]["val_loss"] for f in folds if f["metrics"].get("val_loss") is not None]
     quantiles = [float(q) for q in cfg.model.quantiles]
     metrics, baselines = pooled(oos, folds, quantiles)
-    found, judged = _judge(oos, cfg, backtest_dir) if oos.num_rows else ({}, {})
+    kind = _target_kind(fold_dirs, cfg)
+    found, judged = _judge(oos, cfg, kind, backtest_dir) if oos.num_rows else ({}, {})
     metrics |= found
     summary = {
         "backtest_dir": str(backtest_dir),
@@ -339,15 +340,28 @@ def _read_folds(
     return folds, tables, missing
 
 
+def _target_kind(fold_dirs: dict[int, Path], cfg: DictConfig) -> str:
+    """The target's kind the folds were trained as: the first finished fold's (its summary's;
+    data.target_kind=auto is decided from the training rows), else the config's reading."""
+    for k in sorted(fold_dirs):
+        summary = RunDir(fold_dirs[k]).summary
+        if summary.is_file():
+            kind = (json.loads(summary.read_text()).get("target") or {}).get("kind")
+            if kind:
+                return str(kind)
+    return resolve_target_kind(cfg.data)
+
+
 def _judge(
-    oos: pa.Table, cfg: DictConfig, backtest_dir: Path
+    oos: pa.Table, cfg: DictConfig, kind: str, backtest_dir: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The IC, calibration and strategy over every fold's rows: the metrics they add, and the
-    summary's evaluation and strategy; the equity curves drawn into `backtest_dir`."""
+    """The IC, calibration and strategy over every fold's rows (a target of `kind`): the
+    metrics they add, and the summary's evaluation and strategy; the equity curves drawn into
+    `backtest_dir`."""
     e = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg.get("eval") or {})
     found, evaluation, results = evaluate(
         oos.drop_columns(["fold"]),
-        resolve_target_kind(cfg.data),
+        kind,
         e.stride,
         e.strategy,
         e.cost_bps,
@@ -360,7 +374,7 @@ def _judge(
         ),
     }
     plot_equity(equity_curves(results, "each fold's"), backtest_dir / EQUITY_PLOT)
-    book = judged_book(oos.drop_columns(["fold"]), resolve_target_kind(cfg.data), e)
+    book = judged_book(oos.drop_columns(["fold"]), kind, e)
     if book is not None:  # the book over every fold's out-of-sample dates
         judged["book"] = plain(book)
         if "skipped" not in book:

@@ -77,6 +77,7 @@ def inspect_data(cfg: DictConfig, time_batches: bool = True) -> Inspection:
     except FoxhuntError as exc:
         out.problems.append(str(exc))
         return out
+    out.problems += data.target_warnings  # a return-like column as a level, a constant target
     _features(data, plan.extra, out)
     _windows(data, out)
     _memory(cfg, data, out, time_batches)

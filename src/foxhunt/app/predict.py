@@ -184,18 +184,41 @@ def _data_config(
     changes: Mapping[str, Any] | None,
     defaults: DictConfig | None,
 ) -> DictConfig:
-    base = defaults
-    if base is None:
-        base = training_data_config(path)
+    trained = training_data_config(path)
+    base = defaults if defaults is not None else trained
     if base is None:
         base = _schema_data_config(schema)
     cfg = OmegaConf.merge(base, OmegaConf.create(dict(changes or {})))
+    _keep_clock(cfg, trained, changes)
     # the checkpoint fixes the window; the data config's lengths do not apply
     cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
     resolve_intraday(cfg, schema)  # and whether its bars had a time of day
     if not OmegaConf.is_missing(cfg, "path") and Path(cfg.path).exists():
         resolve_names(cfg)  # the training file's columns (data.futures.enabled=auto decided)
     return cfg
+
+
+def _keep_clock(cfg: DictConfig, trained: DictConfig | None, changes: Any) -> None:
+    """The trained model's clock (the time zone and cash close its calendar features were
+    computed on) is part of the model: a data.calendar change that moves it is refused, and a
+    data option's calendar (data=...) gives way to it. The sessions of the steps after the
+    data (session, holidays, an exchange in the same zone) may change. Unknown (no training
+    config found): the data config's."""
+    if trained is None:
+        return
+    had, now = clock_of(trained), clock_of(cfg)
+    if (had.time_zone, had.close_min) == (now.time_zone, now.close_min):
+        return
+    if "calendar" not in dict(changes or {}):
+        cfg.calendar = trained.calendar
+        return
+    zone, close = had.section()["time_zone"], had.section()["close"]
+    raise ConfigError(
+        f"data.calendar gives the clock {now.time_zone} (close {now.section()['close']}), but "
+        f"the model was trained on {zone} (close {close}): its time features would be ones it "
+        "never saw; drop the data.calendar.time_zone/close/exchange override, or train a model "
+        "on that clock"
+    )
 
 
 def _schema_data_config(schema: DataSchema) -> DictConfig:

@@ -34,17 +34,28 @@ def preview(table: pa.Table, rows: int) -> str:
     return "\n".join([header, *lines, *more])
 
 
-def output_path(out: str | Path, data: str | None, overwrite: bool) -> Path:
-    """Where predict.out writes: a directory gets predictions.parquet inside it. Refused, before
-    any work: the input data (or a file inside an input directory), whatever `overwrite` says,
-    and any existing file unless `overwrite`."""
+def output_path(
+    out: str | Path, data: str | None, overwrite: bool, model: str | Path | None = None
+) -> Path:
+    """Where predict.out writes: a directory (or a path ending in /) gets predictions.parquet
+    inside it. Refused, before any work: the input data (or a file inside an input directory)
+    and the `model` file, whatever `overwrite` says; a directory that does not exist; any
+    existing file unless `overwrite`."""
+    directory = str(out).endswith("/")
     out = Path(out).expanduser().resolve()
-    if out.is_dir() or str(out).endswith("/"):
+    if out.is_dir() or directory:
         out = out / "predictions.parquet"
     if data is not None:
         source = Path(data).expanduser().resolve()
         if out == source or source in out.parents:
             raise ConfigError(f"predict.out={out} is the input data; give another path")
+    if model is not None and out == Path(model).expanduser().resolve():
+        raise ConfigError(f"predict.out={out} is the model (ckpt_path); give another path")
+    if not out.parent.is_dir():
+        raise ConfigError(
+            f"predict.out={out}: directory {out.parent} does not exist; make it, or give "
+            "another path"
+        )
     if out.is_dir():
         raise ConfigError(f"predict.out={out} is a directory holding a predictions.parquet one")
     if out.exists() and not overwrite:
@@ -69,7 +80,7 @@ def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dic
         calibration=None if opts.calibration is None else str(opts.calibration),
     )
     data = None if OmegaConf.is_missing(predictor.data_cfg, "path") else predictor.data_cfg.path
-    out = output_path(opts.out or run_dir, data, opts.overwrite)
+    out = output_path(opts.out or run_dir, data, opts.overwrite, cfg.ckpt_path)
     table = predictor.predict(all_windows=opts.all_windows)
     write_atomic(out, lambda f: pq.write_table(table, f))
     windows = table.num_rows // predictor.schema.prediction_length

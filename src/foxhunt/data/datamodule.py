@@ -103,6 +103,9 @@ class ParquetDataModule(L.LightningDataModule):
         self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
         # the bars keep another zone's daylight-saving dates (`foxhunt.data.daylight`)
         self.zone_warning: str | None = None
+        # what the target's training rows say of it (`foxhunt.data.target`): a return-like
+        # column taken as a level, an instrument whose target is constant
+        self.target_warnings: list[str] = []
 
     def prepare_data(self) -> None:
         resolve_data(self.cfg)  # the sample generated; the columns found (foxhunt.data.names)
@@ -112,6 +115,8 @@ class ParquetDataModule(L.LightningDataModule):
             return
         self.prepare_data()
         resolve_intraday(self.cfg, self.fixed_schema)
+        if self.fixed_schema is not None and str(self.cfg.target_kind) == "auto":
+            self.cfg.target_kind = self.fixed_schema.target_kind  # the kind it was trained as
         if wants_lazy(self.cfg):  # a disk-backed store built one instrument at a time
             fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
             store = open_store(self.cfg, fixed, self.resolve_schema)
@@ -130,6 +135,7 @@ class ParquetDataModule(L.LightningDataModule):
             self.rolls, instruments = loaded.rolls, len(loaded.series)
         clock = clock_of(self.cfg)
         self.zone_warning = daylight.warning(np.asarray(arrays.time_ns), clock)
+        self.target_warnings = list(self.splits.get("target_warnings", []))  # (older store: [])
         if self.fixed_schema is None:  # the sessions a short input will not show
             names = list(schema["groups"])
             schema["sessions"] = learned_sessions(arrays.time_ns, arrays.group, names, clock)

@@ -25,6 +25,7 @@ from foxhunt_serve.futures import (
 )
 
 from foxhunt.config import parse_time
+from foxhunt.data.features import clock_of
 from foxhunt.errors import ConfigError, data_errors
 
 __all__ = [
@@ -130,6 +131,8 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
     data = {
         "time_column": cfg.time_column,
         "time_unit": None,  # the common types' times are timestamps
+        # a naive time column's clock (an in-memory table; the common types' times are UTC)
+        "calendar": clock_of(cfg).section(),
         "group_column": cfg.group_column,
         "ohlcv": {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")},
         "futures": futures,

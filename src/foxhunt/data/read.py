@@ -28,7 +28,7 @@ from foxhunt.data.columns import (
     column_plan,
     futures_enabled,
 )
-from foxhunt.data.features import derive_features
+from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import ConfigError, DataError, data_errors
@@ -84,12 +84,14 @@ def as_float(table: pa.Table, column: str) -> np.ndarray:
 
 
 def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
-    """The time column as int64 nanoseconds since 1970: a timestamp or date column by its own
-    unit, an integer column by data.time_unit (required: nothing in the file says it)."""
+    """The time column as int64 nanoseconds since 1970 UTC: a timestamp or date column by its
+    own unit, an integer column by data.time_unit (required: nothing in the file says it);
+    naive timestamps are local times on data.calendar's clock (`foxhunt_serve.read.time_ns`)."""
     if cfg.time_unit is not None and cfg.time_unit not in TIME_UNITS:
         raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {cfg.time_unit!r}")
+    zone = clock_of(cfg).time_zone
     with data_errors():
-        return serving.time_ns(table, cfg.time_column, cfg.time_unit)
+        return serving.time_ns(table, cfg.time_column, cfg.time_unit, zone)
 
 
 def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
@@ -213,7 +215,8 @@ def common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     """The columns to read in the types every file is converted to: times in nanoseconds,
     instrument names as text, values in float64."""
     cfg = plan.cfg
-    columns = {cfg.time_column: pa.array(time_ns_of(table, cfg), pa.timestamp("ns"))}
+    utc = pa.timestamp("ns", tz="UTC")  # read as UTC again, whatever data.calendar says
+    columns = {cfg.time_column: pa.array(time_ns_of(table, cfg), utc)}
     if cfg.group_column:
         columns[cfg.group_column] = as_text(table.column(cfg.group_column), cfg.group_column)
     columns |= {c: pa.array(as_float(table, c)) for c in plan.values}

@@ -42,10 +42,10 @@ from foxhunt.data.windows import DiskWindowBuilder, Resolve, WindowArrays, on_di
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 8  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
+FORMAT_VERSION = 9  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
 # 6: futures inputs from ratio-adjusted prices under roll.adjust=difference too; 7: the target
 # on each instrument's scale, a level's on the scale of its moves; 8: a short level's fallback
-# scale relative to its own level
+# scale relative to its own level; 9: naive times local on data.calendar's clock
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 # settings that do not change the stored rows, so a change reuses the store
 _NOT_IN_KEY = {"path", "batch_size", "num_workers", "lazy", "cache_dir", "generate_if_missing"}

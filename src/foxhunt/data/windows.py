@@ -26,6 +26,7 @@ statistics, the schema made of them and the rows normalized with it."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from foxhunt.data.splits import (
     split_record,
     split_starts,
 )
+from foxhunt.data.target import evidence, target_kind
 
 CHUNK_BYTES = 16 * 2**20  # float64 rows a DiskWindowBuilder normalizes at a time
 # the schema to normalize with, from the one the data gives (train-split statistics) and which
@@ -400,19 +402,29 @@ def split_windows(
 ) -> tuple[dict[str, Any], WindowArrays, dict[str, Any]]:
     """The data module's windows, in memory or on disk (`builder`): each instrument's window
     starts in the train, val and test periods of `cuts`; the schema dict `resolve` makes of the
-    one the data gives (with the training rows' statistics); the rows normalized with it; and
-    what summary.json records of the splits (`splits.split_record`)."""
+    one the data gives (with the training rows' statistics and the target's kind they show,
+    `foxhunt.data.target`); the rows normalized with it; and what summary.json records of the
+    splits (`splits.split_record`) with the warnings the target's training rows give."""
     E, H = cfg.encoder_length, cfg.prediction_length
     spans: dict[str, Any] = {}
-    target_moments = []  # each instrument's training targets' (foxhunt_serve.scaling)
+    # each instrument's training targets' moments as either kind (foxhunt_serve.scaling), and
+    # what they say of the target (foxhunt.data.target), read as the instruments stream by
+    target_moments: dict[str, list] = {"return": [], "level": []}
+    found_evidence = []
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
         spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
-        target_moments.append(moments(s.target[train], loaded.target_kind, s.target[:1]))
+        found_evidence.append(evidence(s.name, s.target[train]))
+        for kind, found_moments in target_moments.items():
+            found_moments.append(moments(s.target[train], kind, s.target[:1]))
         builder.add(s.name, encoder_rows(s), s.time_ns, starts, s.static, train)
+    configured = str(getattr(cfg, "target_kind", "auto"))
+    kind, warnings = target_kind(configured, loaded.target_kind, loaded.target, found_evidence)
+    loaded = dataclasses.replace(loaded, target_kind=kind)
     mean, std, constant = builder.statistics()
-    stats = (mean, std, target_moments)
+    stats = (mean, std, target_moments[kind])
     found = found_schema(loaded, cfg, builder.names, stats, np.stack(builder.statics))
     schema = resolve(found, constant)
     arrays = builder.normalize(schema, drop_features(found, schema["dropped"])[1])
-    return schema, arrays, {"cuts": cuts.to_dict(), "instruments": spans}
+    splits = {"cuts": cuts.to_dict(), "instruments": spans, "target_warnings": warnings}
+    return schema, arrays, splits
