@@ -177,6 +177,7 @@ def test_live_bytes_stay_flat_over_50_validation_batches(tmp_path, long_table):
         "memory.clear_cache_every_n_batches=10",
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=2",
+        "data.calibration_share=0",  # every validation window validates: 50 batches and more
     )
     train(cfg, tmp_path / "run", extra_callbacks=[probe])
     assert len(probe.live) >= 50

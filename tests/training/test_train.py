@@ -39,7 +39,11 @@ def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_pat
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
     # one calendar for both: the cuts leave 15% and 15% of the 300 distinct times (AAA's) to
     # validation and test; BBB's 200 bars end before the test period
-    assert summary["splits"]["cuts"] == {
+    cuts = dict(summary["splits"]["cuts"])
+    # data.calibration_share=0.5: the later half of validation's target times calibrates
+    held = cuts.pop("calibration_start")
+    assert iso_time(T0 + 210 * FIVE_MIN) < held < iso_time(T0 + 251 * FIVE_MIN)
+    assert cuts == {
         "val_start": iso_time(T0 + 210 * FIVE_MIN),
         "test_start": iso_time(T0 + 255 * FIVE_MIN),
         "embargo": 4,  # data.prediction_length
