@@ -39,7 +39,12 @@ def planted_panel_table(
 ) -> pa.Table:
     """The panel with its ``signal`` column (see the module)."""
     table = stock_panel_table(names, days=days, seed=seed)
-    rng = np.random.default_rng(seed + 1_000_003)
+    return plant_signal(table, corr, np.random.default_rng(seed + 1_000_003))
+
+
+def plant_signal(table: pa.Table, corr: float, rng: np.random.Generator) -> pa.Table:
+    """`table` (rows by symbol, then time) with a ``signal`` column correlated `corr` with each
+    symbol's next bar's log return of the close (see the module)."""
     symbol = table["symbol"].to_numpy(zero_copy_only=False)
     log_close = np.log(table["close"].to_numpy())
     signal = rng.normal(size=len(symbol))

@@ -1,0 +1,234 @@
+"""A forecast study on panels whose progress survives a cut session: cells of (data set, seed,
+overrides), each trained by `foxhunt train` in its own process and appended, once finished, as
+one JSON row to benchmarks/results/<study>.jsonl; run again, it skips the finished cells.
+
+    python benchmarks/panel_study.py STUDY [--seeds 0,1,2] [--table] [override ...]
+
+Studies (`STUDIES`) name their data sets and their configurations (a label and overrides);
+every cell adds `BASE` and the overrides given here. Data sets are generated, never downloaded
+(`DATASETS`): `planted250`, the 250-name daily panel of `benchmarks/planted_panel.py` with a
+weak planted alpha (pooled correlation about 0.1 with the next bar's return); `indices`, #25's
+daily planted case (real S&P 500 and NASDAQ bars from the `arch` package's files, a signal
+correlated 0.71); `control_<name>`, each positive control's panel
+(`foxhunt.evaluation.controls`). A data set's seed is the cell's seed (for `indices`, of the
+planted noise). Each row:
+
+- skill (1 - loss / the baseline's, calibrated forecasts) against every baseline, and against
+  the strongest at every horizon;
+- the horizon-1 IC (cross-sectional where the dates hold enough names) and its t;
+- the book's net Sharpe at BASE's cost, 10 bp;
+- epochs, steps, wall time, the child's peak RSS, the commit (with "+dirty" for a changed
+  tree) and the load average before it.
+
+`--table` prints the table without running: one row per (data set, configuration), the mean
+and the spread (min..max) over its seeds. Run it in the background and commit the results
+file as cells finish: `nohup python benchmarks/panel_study.py baseline > study.log 2>&1 &`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from benchmarks.bench_real_daily import write_indices
+from benchmarks.planted_panel import plant_signal, write_planted_panel
+from foxhunt.evaluation.controls import CONTROLS, make_control
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BASE = ("eval.cost_bps=10", "report=false", "trainer.enable_progress_bar=false")
+
+
+def _planted250(work: Path, seed: int) -> list[str]:
+    return write_planted_panel(work / "panel.parquet", names=250, days=1500, seed=seed)
+
+
+def _indices(work: Path, seed: int) -> list[str]:
+    """#25's daily planted case: the S&P 500 and the NASDAQ Composite, 1999-2018 (the `arch`
+    package's files: pip install --no-deps arch), with a signal correlated 0.71 (the next
+    bar's return plus noise of its variance), the noise drawn from `seed`."""
+    path = work / "indices.parquet"
+    write_indices(path)
+    table = plant_signal(pq.read_table(path), 1 / np.sqrt(2), np.random.default_rng(seed))
+    pq.write_table(table, path)
+    return ["data=parquet", f"data.path={path}", "data.group_column=symbol"] + [
+        "data.features=ohlcv",
+        "data.extra_features=[signal]",
+    ]
+
+
+def _control(name: str) -> Callable[[Path, int], list[str]]:
+    def make(work: Path, seed: int) -> list[str]:
+        return list(make_control(name, work, seed=seed).overrides)
+
+    return make
+
+
+DATASETS: dict[str, Callable[[Path, int], list[str]]] = {
+    "planted250": _planted250,
+    "indices": _indices,
+    **{f"control_{name}": _control(name) for name in CONTROLS},
+}
+# study -> (data sets, {configuration label: overrides}); "default" is the recipe as it is
+STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
+    "baseline": (("planted250", "indices"), {"default": ()}),
+    "embedding": (
+        ("planted250",),
+        {"default": (), "no target scale": ("data.target_scale=global",)},
+    ),
+    "epochs": (
+        ("planted250",),
+        {"default": (), "3 epochs": ("trainer.max_epochs=3", "optim.schedule_epochs=3")},
+    ),
+}
+
+
+def commit() -> str:
+    """HEAD's commit, "+dirty" when the tree has changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+    ).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def row_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """A cell's figures from its run's summary.json (see the module)."""
+    m, e = summary["metrics"], summary["evaluation"]
+    mine = m.get("calibrated_test_loss") or m["test_loss"]
+    skill = {
+        name: 1 - mine / b["test_loss"]
+        for name, b in summary["baselines"].items()
+        if b.get("test_loss")
+    }
+    h1 = e["by_horizon"][0]
+    book = (summary.get("book") or {}).get("model") or {}
+    return {
+        "skill": skill,
+        "best_baseline": m.get("best_baseline"),
+        "skill_by_horizon": [h.get("skill") for h in e["by_horizon"]],
+        "ic_h1": h1.get("ic"),
+        "ic_h1_t": h1.get("ic_t"),
+        "ic_mode": h1.get("ic_mode"),
+        "book_sharpe": book.get("sharpe"),
+        "epochs": summary["epochs"],
+        "steps": summary["global_step"],
+    }
+
+
+def run_cell(study: str, data: str, seed: int, label: str, overrides: list[str]) -> dict:
+    """Train one cell in a scratch directory; its row."""
+    work = Path(tempfile.mkdtemp(prefix=f"study_{study}_{data}_{seed}_"))
+    args = [*DATASETS[data](work, seed), *BASE, *overrides]
+    args += [f"seed={seed}", f"data.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'run'}"]
+    load = os.getloadavg()[0]
+    began = time.perf_counter()
+    with open(work / "train.log", "w") as log:
+        child = subprocess.Popen(
+            [str(Path(sys.executable).parent / "foxhunt"), "train", *args],
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (KiB on Linux)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"cell {data}/{seed}/{label} failed: see {work / 'train.log'}")
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    return {
+        "study": study,
+        "data": data,
+        "seed": seed,
+        "config": label,
+        "overrides": overrides,
+        **row_of(summary),
+        "wall_s": round(time.perf_counter() - began, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "load_before": round(load, 2),
+        "commit": commit(),
+        "run_dir": str(work / "run"),
+    }
+
+
+def finished(path: Path) -> list[dict]:
+    """The rows already in the results file."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def key(row: dict) -> tuple:
+    return (row["data"], row["seed"], row["config"], tuple(row["overrides"]))
+
+
+def table(rows: list[dict]) -> None:
+    """One line per (data set, configuration): the mean and the spread over its seeds."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["data"], r["config"]), []).append(r)
+
+    def spread(values: list[float | None], fmt: str) -> str:
+        v = np.array([x for x in values if x is not None], dtype=float)
+        if not len(v):
+            return "n/a"
+        return f"{fmt.format(v.mean())} ({fmt.format(v.min())}..{fmt.format(v.max())})"
+
+    head = f"{'data':<11}{'config':<18}{'seeds':>5}  {'skill vs lightgbm':<26}{'IC h1':<24}"
+    print(head + f"{'book net SR':<22}{'steps':>7}{'wall s':>8}")
+    for (data, config), rs in sorted(groups.items()):
+        lgbm = [r["skill"].get("lightgbm") for r in rs]
+        print(
+            f"{data:<11}{config:<18}{len(rs):>5}  {spread(lgbm, '{:+.2%}'):<26}"
+            f"{spread([r['ic_h1'] for r in rs], '{:.3f}'):<24}"
+            f"{spread([r['book_sharpe'] for r in rs], '{:.2f}'):<22}"
+            f"{np.mean([r['steps'] for r in rs]):>7.0f}{np.mean([r['wall_s'] for r in rs]):>8.0f}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("study", choices=sorted(STUDIES))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--table", action="store_true", help="print the table, run nothing")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    path = RESULTS / f"{args.study}.jsonl"
+    datasets, configs = STUDIES[args.study]
+    if not args.table:
+        done = {key(r) for r in finished(path)}
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for data in datasets:
+                for label, overrides in configs.items():
+                    wanted = [*overrides, *args.overrides]
+                    if (data, seed, label, tuple(wanted)) in done:
+                        continue
+                    row = run_cell(args.study, data, seed, label, wanted)
+                    with path.open("a") as f:  # one line a cell: a cut loses one cell at most
+                        f.write(json.dumps(row) + "\n")
+                    print(f"done: {data} seed {seed} {label}: {row['wall_s']} s", flush=True)
+    rows = [
+        r
+        for r in finished(path)
+        if (r["data"], r["config"]) in {(d, c) for d in datasets for c in configs}
+    ]
+    table(rows)
+    print(json.dumps({"bench": "panel_study", "study": args.study, "rows": len(rows)}))
+
+
+if __name__ == "__main__":
+    main()
