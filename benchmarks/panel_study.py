@@ -1,6 +1,7 @@
 """A forecast study on panels whose progress survives a cut session: cells of (data set, seed,
 overrides), each trained by `foxhunt train` in its own process and appended, once finished, as
-one JSON row to benchmarks/results/<study>.jsonl; run again, it skips the finished cells.
+one JSON row to benchmarks/results/panel_study.jsonl; run again, it skips the finished cells,
+whichever study ran them (every study's "default" is the same cells).
 
     python benchmarks/panel_study.py STUDY [--seeds 0,1,2] [--table] [override ...]
 
@@ -99,8 +100,8 @@ def commit() -> str:
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
     ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
+    dirty = subprocess.run(  # a results file growing is no change of the code
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
         cwd=ROOT,
         text=True,
         capture_output=True,
@@ -207,7 +208,7 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="print the table, run nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    path = RESULTS / f"{args.study}.jsonl"
+    path = RESULTS / "panel_study.jsonl"
     datasets, configs = STUDIES[args.study]
     if not args.table:
         done = {key(r) for r in finished(path)}
