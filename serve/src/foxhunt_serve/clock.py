@@ -214,6 +214,19 @@ def changes(name: str, t: np.ndarray) -> np.ndarray:
     return _table(name, *_years(np.asarray(t, dtype=np.int64)))[0][1:]
 
 
+def _spans(local: np.ndarray, name: str) -> tuple[np.ndarray, ...]:
+    """Local times `local` against zone `name`'s offsets: (offsets, each offset's span in local
+    time [lo, hi), the offset j whose span starts last at or before each time, the one before
+    it, whether the time lies in j's span, whether in the one before's: both where a change
+    repeats it, neither where a change skips it)."""
+    trans, off = _table(name, *_years(local))
+    lo = trans + off
+    hi = np.append(trans[1:] + off[:-1], np.iinfo(np.int64).max)
+    j = np.searchsorted(lo, local, side="right") - 1
+    prev = np.maximum(j - 1, 0)
+    return off, lo, hi, j, prev, local < hi[j], (j > 0) & (local < hi[prev])
+
+
 def utc_of_rows(local: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row by row, the UTC instants (int64 ns) of local times `local` in zone `name`, and
     which of them the zone skips (no instant: a spring change) or repeats (two: an autumn
@@ -221,12 +234,7 @@ def utc_of_rows(local: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, n
     if name == "UTC":
         none = np.zeros(len(local), dtype=bool)
         return local, none, none
-    trans, off = _table(name, *_years(local))
-    lo = trans + off  # each offset's span in local time: [lo, hi)
-    hi = np.append(trans[1:] + off[:-1], np.iinfo(np.int64).max)
-    j = np.searchsorted(lo, local, side="right") - 1
-    prev = np.maximum(j - 1, 0)
-    in_j, in_prev = local < hi[j], (j > 0) & (local < hi[prev])
+    off, _, _, j, prev, in_j, in_prev = _spans(local, name)
     return np.where(in_j, local - off[j], local - off[prev]), ~(in_j | in_prev), in_j & in_prev
 
 
@@ -235,12 +243,7 @@ def utc_of(local: np.ndarray, name: str, step_ns: int) -> np.ndarray:
     skipped local time, both for a repeated one when `step_ns` is no longer than the repeat."""
     if name == "UTC":
         return local
-    trans, off = _table(name, *_years(local))
-    lo = trans + off  # each offset's span in local time: [lo, hi)
-    hi = np.append(trans[1:] + off[:-1], np.iinfo(np.int64).max)
-    j = np.searchsorted(lo, local, side="right") - 1
-    prev = np.maximum(j - 1, 0)
-    in_j, in_prev = local < hi[j], (j > 0) & (local < hi[prev])
+    off, lo, hi, j, prev, in_j, in_prev = _spans(local, name)
     first = np.where(in_prev, local - off[prev], local - off[j])[in_j | in_prev]
     both = in_prev & in_j & (step_ns <= hi[prev] - lo[j])
     return np.sort(np.concatenate([first, local[both] - off[j[both]]]))
