@@ -3,7 +3,7 @@ overrides), each trained by `foxhunt train` in its own process and appended, onc
 one JSON row to benchmarks/results/panel_study.jsonl; run again, it skips the finished cells,
 whichever study ran them (every study's "default" is the same cells).
 
-    python benchmarks/panel_study.py STUDY [--seeds 0,1,2] [--table] [override ...]
+    python -m benchmarks.panel_study STUDY [--seeds 0,1,2] [--table] [override ...]
 
 Studies (`STUDIES`) name their data sets and their configurations (a label and overrides);
 every cell adds `BASE` and the overrides given here. Data sets are generated, never downloaded
@@ -23,7 +23,7 @@ planted noise). Each row:
 
 `--table` prints the table without running: one row per (data set, configuration), the mean
 and the spread (min..max) over its seeds. Run it in the background and commit the results
-file as cells finish: `nohup python benchmarks/panel_study.py baseline > study.log 2>&1 &`.
+file as cells finish: `nohup python -m benchmarks.panel_study baseline > study.log 2>&1 &`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from benchmarks.bench_real_daily import write_indices
-from benchmarks.planted_panel import plant_signal, write_planted_panel
+from benchmarks.planted_panel import drift_panel_table, plant_signal, write_planted_panel
 from foxhunt.evaluation.controls import CONTROLS, make_control
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +53,12 @@ BASE = ("eval.cost_bps=10", "report=false", "trainer.enable_progress_bar=false")
 
 def _planted250(work: Path, seed: int) -> list[str]:
     return write_planted_panel(work / "panel.parquet", names=250, days=1500, seed=seed)
+
+
+def _drift250(work: Path, seed: int) -> list[str]:
+    """The same panel with a slow alpha in its prices (`plant_drift`: the oracle's correlation
+    0.3 with the next bar's return, persistence 0.97, observed with correlation 0.5)."""
+    return write_planted_panel(work / "panel.parquet", drift_panel_table(seed=seed))
 
 
 def _indices(work: Path, seed: int) -> list[str]:
@@ -78,6 +84,7 @@ def _control(name: str) -> Callable[[Path, int], list[str]]:
 
 DATASETS: dict[str, Callable[[Path, int], list[str]]] = {
     "planted250": _planted250,
+    "drift250": _drift250,
     "indices": _indices,
     **{f"control_{name}": _control(name) for name in CONTROLS},
 }
@@ -92,7 +99,51 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         ("planted250",),
         {"default": (), "3 epochs": ("trainer.max_epochs=3", "optim.schedule_epochs=3")},
     ),
+    "calibration": (
+        ("indices", "planted250"),
+        {"default": (), "no calibration split": ("data.calibration_share=0",)},
+    ),
+    "capacity": (
+        ("indices",),
+        {
+            "default": (),
+            "hidden 128": ("model.hidden_dim=128",),
+            "dropout 0.3": ("model.dropout=0.3",),
+            "lr 3e-3": ("optim.lr=3e-3",),
+        },
+    ),
+    "drift": (("drift250",), {"default": ()}),
+    "recipe": (  # the training length and early stopping
+        ("indices",),
+        {
+            "default": (),
+            "no early stopping": ("callbacks.early_stopping_patience=null",),
+            "patience 8": ("callbacks.early_stopping_patience=8",),
+            "2400 steps, no early stopping": (
+                "optim.schedule_steps=2400",
+                "callbacks.early_stopping_patience=null",
+            ),
+        },
+    ),
 }
+
+
+def oracle_ic(path: Path, test_start: str) -> float | None:
+    """The horizon-1 IC of a panel's ``oracle`` column over the test dates, when it has one:
+    each date's correlation across the names of the oracle with the next bar's log return of
+    the close, averaged over the dates (the model's IC of a panel, `foxhunt.evaluation.stats.ic`,
+    is the same mean over every prediction_length-th date)."""
+    if not path.is_file() or "oracle" not in pq.read_schema(path).names:
+        return None
+    t = pq.read_table(path, columns=["timestamp", "symbol", "close", "oracle"])
+    symbol = t["symbol"].to_numpy(zero_copy_only=False)
+    time = t["timestamp"].cast("int64").to_numpy()
+    start = np.datetime64(test_start.rstrip("Z"), "ns").astype(np.int64)
+    keep = (symbol[1:] == symbol[:-1]) & (time[:-1] >= start)
+    r = np.diff(np.log(t["close"].to_numpy()))[keep]
+    o, at = t["oracle"].to_numpy()[:-1][keep], time[:-1][keep]
+    ics = [np.corrcoef(o[at == d], r[at == d])[0, 1] for d in np.unique(at)]
+    return float(np.nanmean(ics))
 
 
 def commit() -> str:
@@ -151,6 +202,7 @@ def run_cell(study: str, data: str, seed: int, label: str, overrides: list[str])
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"cell {data}/{seed}/{label} failed: see {work / 'train.log'}")
     summary = json.loads((work / "run" / "summary.json").read_text())
+    oracle = oracle_ic(work / "panel.parquet", summary["splits"]["cuts"]["test_start"])
     return {
         "study": study,
         "data": data,
@@ -158,6 +210,7 @@ def run_cell(study: str, data: str, seed: int, label: str, overrides: list[str])
         "config": label,
         "overrides": overrides,
         **row_of(summary),
+        **({"oracle_ic_h1": oracle} if oracle is not None else {}),
         "wall_s": round(time.perf_counter() - began, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
         "load_before": round(load, 2),

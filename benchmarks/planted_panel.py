@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from scipy.signal import lfilter
 
 from foxhunt.data.sample import stock_panel_table
 from foxhunt.files import write_atomic
@@ -56,9 +57,50 @@ def plant_signal(table: pa.Table, corr: float, rng: np.random.Generator) -> pa.T
     return table.append_column("signal", pa.array(signal))
 
 
-def write_planted_panel(path: Path, **kw) -> list[str]:
-    """Write the panel to `path` (whole or not at all); the overrides that train on it."""
-    table = planted_panel_table(**kw)
+def plant_drift(
+    table: pa.Table, ic: float, persistence: float, observed: float, rng: np.random.Generator
+) -> pa.Table:
+    """`table` (rows by symbol, then time) with a slow alpha planted in its prices: each symbol
+    gets a latent drift mu, a unit AR(1) with coefficient `persistence`, which moves its next
+    bar's log return by k * sigma * mu (sigma: the symbol's own return deviation; k such that
+    mu's correlation with that return is `ic`), all four prices of a row scaled alike. Added
+    columns: ``signal``, a noisy view of mu (correlation `observed` with it, so the history of
+    the signal says more than its last value, as a real slow signal's does), and ``oracle``,
+    mu itself (the oracle's forecast; not an input)."""
+    symbol = table["symbol"].to_numpy(zero_copy_only=False)
+    log_close = np.log(table["close"].to_numpy())
+    k = ic / math.sqrt(1 - ic**2)
+    mu, factor = np.zeros(len(symbol)), np.ones(len(symbol))
+    starts = np.flatnonzero(np.r_[True, symbol[1:] != symbol[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], len(symbol)], strict=True):
+        shocks = rng.normal(size=b - a) * math.sqrt(1 - persistence**2)
+        shocks[0] = rng.normal()  # stationary from the first bar
+        mu[a:b] = lfilter([1.0], [1.0, -persistence], shocks)  # mu[t] = p mu[t-1] + shock
+        sigma = np.diff(log_close[a:b]).std() or 1.0
+        path = np.r_[0.0, np.cumsum(k * sigma * mu[a : b - 1])]
+        factor[a:b] = np.exp(path - np.median(path))  # the name's usual price level kept
+    noise = rng.normal(size=len(symbol))
+    columns = {"signal": observed * mu + math.sqrt(1 - observed**2) * noise, "oracle": mu}
+    for name in ("open", "high", "low", "close"):
+        price = table[name].to_numpy() * factor  # unrounded: no tick noise in a cheap name
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(price))
+    for name, values in columns.items():
+        table = table.append_column(name, pa.array(values))
+    return table
+
+
+def drift_panel_table(
+    names: int = 250, days: int = 1500, seed: int = 0, ic: float = 0.3, persistence: float = 0.97
+) -> pa.Table:
+    """The synthetic panel with a slow alpha (`plant_drift`; observed with correlation 0.5)."""
+    table = stock_panel_table(names, days=days, seed=seed)
+    return plant_drift(table, ic, persistence, 0.5, np.random.default_rng(seed + 1_000_003))
+
+
+def write_planted_panel(path: Path, table: pa.Table | None = None, **kw) -> list[str]:
+    """Write the panel (`table`, or `planted_panel_table(**kw)`) to `path` (whole or not at
+    all); the overrides that train on it."""
+    table = planted_panel_table(**kw) if table is None else table
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda f: pq.write_table(table, f, compression="zstd"))
     return [*OVERRIDES, f"data.path={path.resolve()}"]

@@ -169,6 +169,12 @@ def _check_inputs(d: Any) -> None:
             d.target is None or d.target != column,
             f"data.target={d.target} is the data.{key}: name the numeric column to forecast",
         )
+    across = [f"data.{k}={d[k]}" for k in ("cross_section", "target_transform") if d[k] != "none"]
+    _check(
+        not across or (d.group_column and str(d.lazy).lower() != "true"),
+        f"{' and '.join(across)} compare the names at each time: it needs data.group_column "
+        "and the panel in memory (data.lazy=false or auto)",
+    )
 
 
 def _check_calendar(d: Any) -> None:

@@ -26,6 +26,8 @@ from foxhunt.checks import validate as validate
 TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 TargetScale = StrEnum("TargetScale", ["instrument", "global"])  # foxhunt_serve.scaling
+CrossSection = StrEnum("CrossSection", ["none", "rank", "zscore"])  # foxhunt.data.cross_section
+TargetTransform = StrEnum("TargetTransform", ["none", "xs_demean", "xs_rank"])
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
 # Lightning's precision flags foxhunt trains in: fp32's and bf16's (int8 trains in float32)
@@ -46,17 +48,8 @@ StrategyRule = StrEnum("StrategyRule", ["sign", "scaled"])
 # validation windows; aci: those offsets adapted online to each realized outcome
 CalibrationMethod = StrEnum("CalibrationMethod", ["none", "cqr", "aci"])
 # what a run reports (summary.json's metrics) and a sweeper may optimise
-Metric = StrEnum(
-    "Metric",
-    [
-        "val_loss",
-        "test_loss",
-        "test_mae",
-        "test_directional_accuracy",
-        "test_coverage",
-        "baseline_test_loss",
-    ],
-)
+_METRICS = ["val_loss", "test_loss", "test_mae", "test_directional_accuracy", "test_coverage"]
+Metric = StrEnum("Metric", [*_METRICS, "baseline_test_loss"])
 
 
 @dataclass
@@ -174,6 +167,11 @@ class DataConfig:
     # each instrument's target on its own training rows' scale, which the model also sees as a
     # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)
     target_scale: TargetScale = TargetScale.instrument
+    # each date's cross-section (foxhunt.data.cross_section; in memory): every observed input's
+    # rank or z-score among the names at its time beside it; the target less their mean, or
+    # its rank among them
+    cross_section: CrossSection = CrossSection.none
+    target_transform: TargetTransform = TargetTransform.none
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
     # columns of the file as observed inputs beside `features` (your signals next to the
     # derived ohlcv set)

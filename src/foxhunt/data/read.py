@@ -21,6 +21,7 @@ from foxhunt_serve.read import TIME_UNITS
 from foxhunt_serve.series import iso_time, non_finite, out_of_order
 
 from foxhunt.config import parse_time
+from foxhunt.data import cross_section
 from foxhunt.data.columns import (
     OHLCV_FIELDS,
     ColumnPlan,
@@ -261,7 +262,7 @@ def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = N
             if problems is None:
                 raise
             problems.append(str(exc))
-    return Loaded.of(plan, series, rolls)
+    return cross_section.apply(Loaded.of(plan, series, rolls), cfg)
 
 
 def read_end(cfg: Any) -> int | None:

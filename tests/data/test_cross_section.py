@@ -1,0 +1,151 @@
+"""Each date's cross-section (data.cross_section, data.target_transform): ranks and z-scores
+among the names at the same time, over a panel whose names list, halt and delist at different
+times, and the target made market-neutral."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from scipy.stats import rankdata
+
+from foxhunt.config import DataConfig
+from foxhunt.data.cross_section import by_date
+from foxhunt.data.read import read_data
+from foxhunt.data.sample import stock_panel_table
+from foxhunt.errors import ConfigError, DataError
+from tests.helpers import TINY_MODEL, compose_train, run_cli
+
+
+def test_ranks_match_scipy_date_by_date_with_ties_and_lone_names():
+    rng = np.random.default_rng(0)
+    at = rng.integers(0, 40, size=600)
+    at[at == 7] = 8  # date 7 empty
+    at[0] = 41  # date 41: one name alone
+    values = np.round(rng.normal(size=600), 1)  # ties
+    ranked = by_date(values, np.unique(at, return_inverse=True)[1], "rank")
+    for d in np.unique(at):
+        here = at == d
+        n = here.sum()
+        want = (rankdata(values[here]) - 0.5) / n - 0.5 if n > 1 else np.zeros(1)
+        np.testing.assert_allclose(ranked[here], want * math.sqrt(12), atol=1e-12)
+    z = by_date(values, np.unique(at, return_inverse=True)[1], "zscore")
+    for d in np.unique(at)[:-1]:
+        assert abs(z[at == d].mean()) < 1e-9 and abs(z[at == d].std() - 1) < 1e-9
+    assert z[0] == 0.0  # alone at its time
+
+
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("xs") / "panel.parquet"
+    pq.write_table(stock_panel_table(40, days=300, seed=3), path)  # staggered, halts, delists
+    return path
+
+
+def _cfg(path, **changes) -> DataConfig:
+    cfg = DataConfig(path=str(path), group_column="symbol", features="ohlcv", lazy=False)
+    return replace(cfg, **changes)
+
+
+def _by_time(loaded):
+    series = list(loaded.series)
+    times = np.concatenate([s.time_ns for s in series])
+    return series, times
+
+
+def test_every_date_of_the_panel_is_ranked_among_the_names_trading_then(panel):
+    plain = read_data(_cfg(panel))
+    loaded = read_data(_cfg(panel, cross_section="rank", target_transform="xs_demean"))
+    n = len(plain.observed)
+    assert loaded.observed == plain.observed + [f"{c}_xs_rank" for c in plain.observed]
+    series, times = _by_time(loaded)
+    raw = np.concatenate([s.observed[:, :n] for s in series])
+    ranks = np.concatenate([s.observed[:, n:] for s in series])
+    target = np.concatenate([s.target for s in series])
+    plain_target = np.concatenate([s.target for s in plain.series]).astype(np.float64)
+    np.testing.assert_array_equal(raw, np.concatenate([s.observed for s in plain.series]))
+    names = np.bincount(np.unique(times, return_inverse=True)[1])
+    assert names.min() < names.max()  # names list, halt and delist at different dates
+    for t in np.unique(times)[::7]:
+        here = times == t
+        assert abs(target[here].sum()) < 1e-9  # market-neutral at every date
+        np.testing.assert_allclose(
+            target[here], plain_target[here] - plain_target[here].mean(), atol=1e-9
+        )
+        if here.sum() > 1:  # each column's ranks order the names as its values do
+            for j in (0, n - 1):
+                assert np.all(np.diff(ranks[here, j][np.argsort(raw[here, j])]) >= 0)
+
+
+def test_a_level_target_is_not_made_market_neutral(tmp_path):
+    table = stock_panel_table(5, days=60, seed=1)
+    pq.write_table(table, tmp_path / "p.parquet")
+    cfg = _cfg(tmp_path / "p.parquet", features=["volume"], target="close")
+    cfg = replace(cfg, target_kind="level", target_transform="xs_demean")
+    with pytest.raises(DataError, match="'close' is a level"):
+        read_data(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides", [("data.lazy=true",), ("data.group_column=null",)], ids=["lazy", "one series"]
+)
+def test_cross_sections_need_the_names_in_memory(overrides):
+    from foxhunt.config import validate
+
+    cfg = compose_train("data.cross_section=zscore", *overrides)
+    with pytest.raises(ConfigError, match="data.cross_section=zscore compare the names"):
+        validate(cfg)
+
+
+@pytest.fixture(scope="module")
+def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory):
+    """A tiny model trained with ranked inputs and a market-neutral target: (summary, dir)."""
+    tmp = tmp_path_factory.mktemp("neutral")
+    args = [
+        "data=parquet",
+        f"data.path={panel}",
+        "data.group_column=symbol",
+        "data.features=ohlcv",
+        "data.cross_section=rank",
+        "data.target_transform=xs_demean",
+        "data.encoder_length=16",
+        "data.prediction_length=4",
+        *TINY_MODEL,
+        "trainer.max_epochs=1",
+        "report=false",
+        f"hydra.run.dir={tmp / 'run'}",
+    ]
+    assert run_cli(*args, cwd=tmp).returncode == 0
+    return json.loads((tmp / "run" / "summary.json").read_text()), tmp
+
+
+def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral):
+    summary, tmp = market_neutral
+    plain = read_data(_cfg(panel))
+    assert summary["num_features"] > 2 * len(plain.observed)  # each input's rank beside it
+    assert summary["target"]["transform"] == "xs_demean"
+    out = tmp / "forecast.parquet"
+    done = run_cli(
+        f"ckpt_path={summary['best_checkpoint']}",
+        f"data.path={panel}",
+        f"predict.out={out}",
+        f"hydra.run.dir={tmp / 'predict'}",
+        cwd=tmp,
+        script="predict.py",
+    )
+    assert done.returncode == 0, done.stderr
+    assert pq.read_table(out).num_rows > 0
+
+
+def test_the_onnx_package_refuses_a_model_that_compares_names(market_neutral):
+    pytest.importorskip("onnxruntime")
+    from foxhunt.app.export import export_onnx
+
+    summary, tmp = market_neutral
+    with pytest.raises(ConfigError, match="data.cross_section=rank and data.target_transform"):
+        export_onnx(summary["best_checkpoint"], tmp / "onnx")
+    assert not (tmp / "onnx").exists()
