@@ -45,10 +45,12 @@ import pyarrow.parquet as pq
 from benchmarks.bench_real_daily import write_indices
 from benchmarks.planted_panel import drift_panel_table, plant_signal, write_planted_panel
 from foxhunt.evaluation.controls import CONTROLS, make_control
+from foxhunt.evaluation.forecasts import quantile_levels
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BASE = ("eval.cost_bps=10", "report=false", "trainer.enable_progress_bar=false")
+ENSEMBLE = "ensemble="  # the study's own override (`run_config`), not foxhunt's
 
 
 def _planted250(work: Path, seed: int) -> list[str]:
@@ -113,6 +115,15 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         },
     ),
     "drift": (("drift250",), {"default": ()}),
+    "cross_section": (
+        ("drift250", "planted250"),
+        {
+            "default": (),
+            "xs rank inputs": ("data.cross_section=rank",),
+            "xs_demean target": ("data.target_transform=xs_demean",),
+        },
+    ),
+    "ensemble": (("indices", "drift250"), {"default": (), "3 seeds averaged": ("ensemble=3",)}),
     "recipe": (  # the training length and early stopping
         ("indices",),
         {
@@ -184,11 +195,20 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_cell(study: str, data: str, seed: int, label: str, overrides: list[str]) -> dict:
-    """Train one cell in a scratch directory; its row."""
+def run_cell(
+    study: str,
+    data: str,
+    seed: int,
+    label: str,
+    overrides: list[str],
+    train_seed: int | None = None,
+) -> dict:
+    """Train one cell in a scratch directory (the data of `seed`, the training of `train_seed`,
+    by default the same); its row."""
     work = Path(tempfile.mkdtemp(prefix=f"study_{study}_{data}_{seed}_"))
     args = [*DATASETS[data](work, seed), *BASE, *overrides]
-    args += [f"seed={seed}", f"data.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'run'}"]
+    args += [f"seed={seed if train_seed is None else train_seed}"]
+    args += [f"data.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'run'}"]
     load = os.getloadavg()[0]
     began = time.perf_counter()
     with open(work / "train.log", "w") as log:
@@ -216,6 +236,82 @@ def run_cell(study: str, data: str, seed: int, label: str, overrides: list[str])
         "load_before": round(load, 2),
         "commit": commit(),
         "run_dir": str(work / "run"),
+    }
+
+
+def run_config(study: str, data: str, seed: int, label: str, overrides: list[str]) -> dict:
+    """One cell's row; with the study's own override ensemble=K, K models trained on the same
+    data (training seeds seed + 1000 j) and scored as one by `ensemble_row`."""
+    k = sum(int(o.removeprefix(ENSEMBLE)) for o in overrides if o.startswith(ENSEMBLE))
+    if not k:
+        return run_cell(study, data, seed, label, overrides)
+    rest = [o for o in overrides if not o.startswith(ENSEMBLE)]
+    members = [run_cell(study, data, seed, label, rest, seed + 1000 * j) for j in range(k)]
+    return ensemble_row(members) | {"overrides": overrides}
+
+
+def _scores(table: dict[str, np.ndarray], levels: list[float]) -> dict[str, Any]:
+    """A forecast table's (test_forecasts.parquet's columns) skill against its baseline's
+    forecasts, overall and by horizon (the loss of the run's metrics: the mean pinball loss
+    over the quantiles, in each name's scale), and the h1 IC of the median across the names
+    of every date (pooled over dates and names where they hold fewer than three)."""
+
+    def loss(prefix: str) -> np.ndarray:
+        err = [(table["actual"] - table[f"{prefix}q{q:g}"]) / table["target_scale"] for q in levels]
+        return np.mean(
+            [np.maximum(q * e, (q - 1) * e) for q, e in zip(levels, err, strict=True)], axis=0
+        )
+
+    mine, theirs, horizon = loss(""), loss("baseline_"), table["horizon"]
+    steps = np.unique(horizon)
+    h1 = horizon == steps[0]
+    at, f, r = table["origin_time"][h1], table["q0.5"][h1], table["actual"][h1]
+    ics = [np.corrcoef(f[at == d], r[at == d])[0, 1] for d in np.unique(at) if (at == d).sum() > 2]
+    return {
+        "skill": 1 - mine.mean() / theirs.mean(),
+        "skill_by_horizon": [
+            1 - mine[horizon == h].mean() / theirs[horizon == h].mean() for h in steps
+        ],
+        "ic_h1": float(np.nanmean(ics)) if ics else float(np.corrcoef(f, r)[0, 1]),  # (pooled)
+    }
+
+
+def ensemble_row(members: list[dict]) -> dict:
+    """The members' calibrated quantiles averaged, window by window, scored by `_scores`
+    beside each member alone (the same figures: the IC of every date, not every
+    prediction_length-th as a run's)."""
+    tables = []
+    for m in members:
+        t = pq.read_table(Path(m["run_dir"]) / "test_forecasts.parquet")
+        t = t.sort_by(
+            [("instrument", "ascending"), ("origin_time", "ascending"), ("horizon", "ascending")]
+        )
+        tables.append({c: t[c].to_numpy() for c in t.column_names if c != "baseline"})
+        baseline = t["baseline"][0].as_py()
+    levels = quantile_levels(pq.read_table(Path(members[0]["run_dir"]) / "test_forecasts.parquet"))
+    for t in tables[1:]:
+        assert np.array_equal(t["actual"], tables[0]["actual"], equal_nan=True), "other windows"
+    mean = dict(tables[0]) | {  # (averages of quantiles in order are in order)
+        f"q{q:g}": np.mean([t[f"q{q:g}"] for t in tables], axis=0) for q in levels
+    }
+    alone = [_scores(t, levels) for t in tables]
+    scores = _scores(mean, levels)
+    return members[0] | {
+        "skill": {baseline: scores["skill"]},
+        "skill_by_horizon": scores["skill_by_horizon"],
+        "ic_h1": scores["ic_h1"],
+        "ic_h1_t": None,
+        "ic_mode": "cross_section, every date",
+        "book_sharpe": None,
+        "members": [
+            {"skill": a["skill"], "ic_h1": a["ic_h1"], "steps": m["steps"]}
+            for a, m in zip(alone, members, strict=True)
+        ],
+        "epochs": sum(m["epochs"] for m in members),
+        "steps": sum(m["steps"] for m in members),
+        "wall_s": round(sum(m["wall_s"] for m in members), 1),
+        "peak_rss_mb": max(m["peak_rss_mb"] for m in members),
+        "run_dir": [m["run_dir"] for m in members],
     }
 
 
@@ -271,7 +367,7 @@ def main() -> None:
                     wanted = [*overrides, *args.overrides]
                     if (data, seed, label, tuple(wanted)) in done:
                         continue
-                    row = run_cell(args.study, data, seed, label, wanted)
+                    row = run_config(args.study, data, seed, label, wanted)
                     with path.open("a") as f:  # one line a cell: a cut loses one cell at most
                         f.write(json.dumps(row) + "\n")
                     print(f"done: {data} seed {seed} {label}: {row['wall_s']} s", flush=True)
