@@ -327,7 +327,10 @@ def key(row: dict) -> tuple:
 
 
 def table(rows: list[dict]) -> None:
-    """One line per (data set, configuration): the mean and the spread over its seeds."""
+    """One Markdown row per (data set, configuration): the mean and the spread (min..max) over
+    its seeds of the skill against LightGBM, the skill at the worst horizon (against the
+    strongest baseline there), the h1 IC and its share of the oracle's (data sets with an
+    oracle), the book's net Sharpe; the mean steps and wall time."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["data"], r["config"]), []).append(r)
@@ -338,16 +341,26 @@ def table(rows: list[dict]) -> None:
             return "n/a"
         return f"{fmt.format(v.mean())} ({fmt.format(v.min())}..{fmt.format(v.max())})"
 
-    head = f"{'data':<11}{'config':<18}{'seeds':>5}  {'skill vs lightgbm':<26}{'IC h1':<24}"
-    print(head + f"{'book net SR':<22}{'steps':>7}{'wall s':>8}")
+    def share(r: dict) -> float | None:
+        return r["ic_h1"] / r["oracle_ic_h1"] if r.get("oracle_ic_h1") else None
+
+    print(
+        "| data | config | seeds | skill vs LightGBM | worst horizon | h1 IC | IC / oracle's "
+        "| book net SR | steps | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (data, config), rs in sorted(groups.items()):
-        lgbm = [r["skill"].get("lightgbm") for r in rs]
-        print(
-            f"{data:<11}{config:<18}{len(rs):>5}  {spread(lgbm, '{:+.2%}'):<26}"
-            f"{spread([r['ic_h1'] for r in rs], '{:.3f}'):<24}"
-            f"{spread([r['book_sharpe'] for r in rs], '{:.2f}'):<22}"
-            f"{np.mean([r['steps'] for r in rs]):>7.0f}{np.mean([r['wall_s'] for r in rs]):>8.0f}"
-        )
+        worst = [min(x for x in r["skill_by_horizon"] if x is not None) for r in rs]
+        cells = [
+            spread([r["skill"].get("lightgbm") for r in rs], "{:+.2%}"),
+            spread(worst, "{:+.2%}"),
+            spread([r["ic_h1"] for r in rs], "{:.3f}"),
+            spread([share(r) for r in rs], "{:.0%}"),
+            spread([r["book_sharpe"] for r in rs], "{:.2f}"),
+            f"{np.mean([r['steps'] for r in rs]):,.0f}",
+            f"{np.mean([r['wall_s'] for r in rs]):.0f}",
+        ]
+        print(f"| {data} | {config} | {len(rs)} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
