@@ -51,6 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BASE = ("eval.cost_bps=10", "report=false", "trainer.enable_progress_bar=false")
 ENSEMBLE = "ensemble="  # the study's own override (`run_config`), not foxhunt's
+# the target of every cell that does not set its own: the recipe the studies began from (the
+# cells before data.target_transform=auto ran with it), so "default" stays one recipe
+UNLESS_SET = "none"
 
 
 def _planted250(work: Path, seed: int) -> list[str]:
@@ -124,6 +127,23 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         },
     ),
     "ensemble": (("indices", "drift250"), {"default": (), "3 seeds averaged": ("ensemble=3",)}),
+    "width": (
+        ("indices", "drift250"),
+        {
+            "default": (),
+            "hidden 128": ("model.hidden_dim=128",),
+            "variable_dim 32": ("model.variable_dim=32",),
+        },
+    ),
+    "combined": (  # the market-neutral target with the other levers
+        ("drift250",),
+        {
+            "default": (),
+            "xs_demean target": ("data.target_transform=xs_demean",),
+            "xs_demean, hidden 128": ("data.target_transform=xs_demean", "model.hidden_dim=128"),
+            "xs_demean, 3 seeds averaged": ("data.target_transform=xs_demean", "ensemble=3"),
+        },
+    ),
     "recipe": (  # the training length and early stopping
         ("indices",),
         {
@@ -207,6 +227,8 @@ def run_cell(
     by default the same); its row."""
     work = Path(tempfile.mkdtemp(prefix=f"study_{study}_{data}_{seed}_"))
     args = [*DATASETS[data](work, seed), *BASE, *overrides]
+    if not any(o.startswith("data.target_transform=") for o in overrides):
+        args.append(f"data.target_transform={UNLESS_SET}")
     args += [f"seed={seed if train_seed is None else train_seed}"]
     args += [f"data.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'run'}"]
     load = os.getloadavg()[0]

@@ -15,6 +15,7 @@ from foxhunt_serve.errors import InputError
 from foxhunt.errors import ConfigError
 
 # torch.compile's modes, which model.compile also takes
+NOT_ACROSS = ("none", "auto")  # data.cross_section/target_transform values any data takes
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -169,7 +170,9 @@ def _check_inputs(d: Any) -> None:
             d.target is None or d.target != column,
             f"data.target={d.target} is the data.{key}: name the numeric column to forecast",
         )
-    across = [f"data.{k}={d[k]}" for k in ("cross_section", "target_transform") if d[k] != "none"]
+    across = [
+        f"data.{k}={d[k]}" for k in ("cross_section", "target_transform") if d[k] not in NOT_ACROSS
+    ]
     _check(
         not across or (d.group_column and str(d.lazy).lower() != "true"),
         f"{' and '.join(across)} compare the names at each time: it needs data.group_column "

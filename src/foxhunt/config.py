@@ -27,7 +27,7 @@ TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 TargetScale = StrEnum("TargetScale", ["instrument", "global"])  # foxhunt_serve.scaling
 CrossSection = StrEnum("CrossSection", ["none", "rank", "zscore"])  # foxhunt.data.cross_section
-TargetTransform = StrEnum("TargetTransform", ["none", "xs_demean", "xs_rank"])
+TargetTransform = StrEnum("TargetTransform", ["auto", "none", "xs_demean", "xs_rank"])
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
 # Lightning's precision flags foxhunt trains in: fp32's and bf16's (int8 trains in float32)
@@ -169,9 +169,9 @@ class DataConfig:
     target_scale: TargetScale = TargetScale.instrument
     # each date's cross-section (foxhunt.data.cross_section; in memory): every observed input's
     # rank or z-score among the names at its time beside it; the target less their mean, or
-    # its rank among them
+    # its rank among them; auto: less their mean on a panel of 10 names or more (a return)
     cross_section: CrossSection = CrossSection.none
-    target_transform: TargetTransform = TargetTransform.none
+    target_transform: TargetTransform = TargetTransform.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
     # columns of the file as observed inputs beside `features` (your signals next to the
     # derived ohlcv set)

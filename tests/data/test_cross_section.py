@@ -11,14 +11,15 @@ from dataclasses import replace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from foxhunt_serve.cross_section import by_date
 from scipy.stats import rankdata
 
 from foxhunt.config import DataConfig
-from foxhunt.data.cross_section import by_date
+from foxhunt.data.cross_section import PANEL_NAMES
 from foxhunt.data.read import read_data
 from foxhunt.data.sample import stock_panel_table
 from foxhunt.errors import ConfigError, DataError
-from tests.helpers import TINY_MODEL, compose_train, run_cli
+from tests.helpers import TINY_MODEL, compose_train, run_cli, run_script
 
 
 def test_ranks_match_scipy_date_by_date_with_ties_and_lone_names():
@@ -48,7 +49,7 @@ def panel(tmp_path_factory: pytest.TempPathFactory):
 
 def _cfg(path, **changes) -> DataConfig:
     cfg = DataConfig(path=str(path), group_column="symbol", features="ohlcv", lazy=False)
-    return replace(cfg, **changes)
+    return replace(cfg, **{"target_transform": "none"} | changes)
 
 
 def _by_time(loaded):
@@ -120,32 +121,69 @@ def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory):
         f"hydra.run.dir={tmp / 'run'}",
     ]
     assert run_cli(*args, cwd=tmp).returncode == 0
-    return json.loads((tmp / "run" / "summary.json").read_text()), tmp
+    return json.loads((tmp / "run" / "summary.json").read_text()) | {"data_path": str(panel)}, tmp
 
 
-def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral):
+@pytest.fixture(scope="module")
+def predicted(market_neutral):
+    """`foxhunt predict` of the market-neutral model on its panel: the forecast file."""
     summary, tmp = market_neutral
-    plain = read_data(_cfg(panel))
-    assert summary["num_features"] > 2 * len(plain.observed)  # each input's rank beside it
-    assert summary["target"]["transform"] == "xs_demean"
     out = tmp / "forecast.parquet"
     done = run_cli(
         f"ckpt_path={summary['best_checkpoint']}",
-        f"data.path={panel}",
+        f"data.path={summary['data_path']}",
         f"predict.out={out}",
         f"hydra.run.dir={tmp / 'predict'}",
         cwd=tmp,
         script="predict.py",
     )
     assert done.returncode == 0, done.stderr
-    assert pq.read_table(out).num_rows > 0
+    return out
 
 
-def test_the_onnx_package_refuses_a_model_that_compares_names(market_neutral):
+def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral, predicted):
+    summary, _ = market_neutral
+    plain = read_data(_cfg(panel))
+    assert summary["num_features"] > 2 * len(plain.observed)  # each input's rank beside it
+    assert summary["target"]["transform"] == "xs_demean"
+    assert pq.read_table(predicted).num_rows > 0
+
+
+def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(market_neutral, predicted):
     pytest.importorskip("onnxruntime")
-    from foxhunt.app.export import export_onnx
+    from foxhunt_serve import cli
 
     summary, tmp = market_neutral
-    with pytest.raises(ConfigError, match="data.cross_section=rank and data.target_transform"):
-        export_onnx(summary["best_checkpoint"], tmp / "onnx")
-    assert not (tmp / "onnx").exists()
+    panel = summary["data_path"]
+    code, _, stderr = run_script(
+        "export.py",
+        f"ckpt_path={summary['best_checkpoint']}",
+        f"export.out={tmp / 'onnx'}",
+        f"hydra.run.dir={tmp / 'export_run'}",
+    )
+    assert code == 0, stderr
+    meta = json.loads((tmp / "onnx" / "model.json").read_text())
+    assert meta["data"]["target_transform"] == "xs_demean"
+    ranked = [f for f in meta["features"] if f.endswith("_xs_rank")]
+    assert ranked and {meta["features"][f]["source"] for f in ranked} == {"cross_section"}
+    assert cli.main([str(tmp / "onnx"), panel, str(tmp / "onnx.parquet")]) == 0
+    got, want = pq.read_table(tmp / "onnx.parquet"), pq.read_table(predicted)
+    assert got.num_rows == want.num_rows > 0
+    for column in want.column_names:
+        if column.startswith("q") or column == "actual":
+            a, b = got[column].to_numpy(), want[column].to_numpy()
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(b)))
+
+
+@pytest.mark.parametrize(
+    ("names", "group", "want"),
+    [(40, "symbol", "xs_demean"), (5, "symbol", "none"), (1, None, "none")],
+)
+def test_auto_takes_out_the_mean_on_a_panel_of_enough_names(tmp_path, names, group, want):
+    table = stock_panel_table(names, days=80, seed=2)
+    if group is None:
+        table = table.drop_columns(["symbol"])
+    pq.write_table(table, tmp_path / "p.parquet")
+    cfg = _cfg(tmp_path / "p.parquet", group_column=group, target_transform="auto")
+    assert read_data(cfg).target_transform == want
+    assert PANEL_NAMES <= 40

@@ -14,7 +14,8 @@ The steps, one module each:
 2. `futures` (futures only): each root's held contracts over time, the roll schedule, as one
    back-adjusted series;
 3. `series` and `features`: per instrument, the NaN policy, the features (columns, or derived
-   from the OHLCV bars and the time), the warm-up rows dropped;
+   from the OHLCV bars and the time), the warm-up rows dropped; then `cross_section`: across
+   the instruments at each time, the model's ranked inputs and its target less their mean;
 4. `windows`: the encoder rows and the forecast steps' known inputs (given in the rows to
    forecast, or the calendar of times continued at the bar interval in the instrument's
    sessions: `clock`, which also gives the local time the calendar is read in), normalized;

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from foxhunt_serve.clock import Clock
+from foxhunt_serve.cross_section import panel
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
@@ -120,7 +121,7 @@ def _inputs(
         bars = Ohlcv(*(cols[ohlcv[p]] for p in ("high", "low", "close", "volume")))
     made = {}
     for feature, spec in meta["features"].items():
-        if spec["role"] == "static":
+        if spec["role"] == "static" or spec["source"] == "cross_section":  # (`across`)
             continue
         if spec["source"] == "column":
             made[feature] = cols[spec["column"]]
@@ -161,3 +162,28 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
         rows = order[bounds[g] : bounds[g + 1]]
         series.append(make_series(meta, name, t[rows], {c: v[rows] for c, v in values.items()}))
     return series
+
+
+def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
+    """`series` with the model's cross-sectional inputs and target transform (model.json's
+    data.cross_section and data.target_transform; `foxhunt_serve.cross_section`), computed
+    across every instrument in the data at each time, as foxhunt computed them in training."""
+    data = meta["data"]
+    how = data.get("cross_section", "none")
+    transform = data.get("target_transform", "none")
+    if how == "none" and transform == "none":
+        return series
+    made = [f for f, spec in meta["features"].items() if spec["source"] == "cross_section"]
+    bases = [meta["features"][f]["of"] for f in made]
+    none = [np.empty((len(s.target), 0)) for s in series]  # (no cross-sectional inputs)
+    inputs = [
+        np.column_stack([s.features[b] for b in bases] or [e])
+        for s, e in zip(series, none, strict=True)
+    ]
+    targets, added = panel(
+        [s.time_ns for s in series], [s.target for s in series], inputs, how, transform
+    )
+    return [
+        replace(s, target=t, features=s.features | dict(zip(made, a.T, strict=True)))
+        for s, t, a in zip(series, targets, added, strict=True)
+    ]

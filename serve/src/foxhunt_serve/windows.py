@@ -13,7 +13,7 @@ from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future, group_codes, root_of, split_future
 from foxhunt_serve.scaling import of_instruments
-from foxhunt_serve.series import load_series
+from foxhunt_serve.series import across, load_series
 
 
 @dataclass
@@ -152,7 +152,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     data, features = meta["data"], meta["features"]
     e, h = meta["encoder_length"], meta["prediction_length"]
     observed_rows, future = split_future(table, data)
-    series = load_series(observed_rows, meta, path)
+    series = across(load_series(observed_rows, meta, path), meta)
     names = sorted({s.name for s in series} | set(future))
     vocab = meta["instruments"]
     unknown = [n for n in names if vocab and n not in vocab] if data["group_column"] else []

@@ -60,7 +60,6 @@ from foxhunt.precision.onnx import (
 FORMAT = "foxhunt-onnx"  # model.json's `format`
 FORMAT_VERSION = 1
 ONNX_FILE, JSON_FILE = "model.onnx", "model.json"
-CROSS = ("cross_section", "target_transform")  # foxhunt.data.cross_section: not exported
 
 
 # --- the export ------------------------------------------------------------------------------
@@ -84,12 +83,6 @@ def export_onnx(
     out = export_dir(out_dir, overwrite)
     _require_onnx()
     predictor = load(path, data, device="cpu", batch_size=1, data_defaults=data_defaults)
-    across = [f"data.{k}={v}" for k in CROSS if (v := predictor.data_cfg.get(k, "none")) != "none"]
-    if across:  # foxhunt_serve computes each name's inputs from its own rows alone
-        raise ConfigError(
-            f"the model was trained with {' and '.join(across)}, which compare the names at "
-            "each time; the ONNX package does not: serve it with foxhunt predict"
-        )
     source = Path(path).expanduser().resolve()
     model, precision = exportable(predictor.model, predictor.schema, predictor.precision, source)
     onnx_bytes = to_onnx(model, predictor.schema, opset)

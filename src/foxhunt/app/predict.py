@@ -192,6 +192,7 @@ def _data_config(
     _keep_clock(cfg, trained, changes)
     # the checkpoint fixes the window; the data config's lengths do not apply
     cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
+    cfg.target_transform = schema.target_transform  # as applied in training
     resolve_intraday(cfg, schema)  # and whether its bars had a time of day
     if not OmegaConf.is_missing(cfg, "path") and Path(cfg.path).exists():
         resolve_names(cfg)  # the training file's columns (data.futures.enabled=auto decided)

@@ -226,18 +226,13 @@ def finish(
         if fitted.best:  # the best checkpoint carries its calibration (predict applies it)
             annotate_checkpoint(fitted.best, calibration=calibrated)
     summary["splits"] = datamodule.splits
-    summary["target"] = datamodule.schema.target_summary() | transform_of(cfg.data)
+    summary["target"] = datamodule.schema.target_summary()
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     if trainer.is_global_zero and datamodule.rolls:  # data.futures: where series were cut
         rolls = rolls_table(datamodule.rolls)
         write_atomic(run.path / ROLLS, lambda f: pacsv.write_csv(rolls, f))
         summary["rolls"] = str(run.path / ROLLS)
     return summary
-
-
-def transform_of(data: DictConfig) -> dict[str, str]:
-    """data.target_transform, for summary.json's target (foxhunt.data.cross_section)."""
-    return {"transform": str(data.get("target_transform", "none"))}
 
 
 def finish_validation(
@@ -256,7 +251,7 @@ def finish_validation(
             datamodule.datasets["val"], datamodule.schema, pred, list(cfg.model.quantiles), cfg.eval
         )
     summary["splits"] = datamodule.splits
-    summary["target"] = datamodule.schema.target_summary() | transform_of(cfg.data)
+    summary["target"] = datamodule.schema.target_summary()
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)
     return summary
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data import daylight
+from foxhunt.data.cross_section import PANEL_NAMES
 from foxhunt.data.features import INTRADAY_CALENDAR, clock_of, learned_sessions
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import bar_step, read_data, read_end, timeline
@@ -117,6 +118,8 @@ class ParquetDataModule(L.LightningDataModule):
         resolve_intraday(self.cfg, self.fixed_schema)
         if self.fixed_schema is not None and str(self.cfg.target_kind) == "auto":
             self.cfg.target_kind = self.fixed_schema.target_kind  # the kind it was trained as
+        if self.fixed_schema is not None:  # and its target as transformed then
+            self.cfg.target_transform = self.fixed_schema.target_transform
         if wants_lazy(self.cfg):  # a disk-backed store built one instrument at a time
             fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
             store = open_store(self.cfg, fixed, self.resolve_schema)
@@ -126,6 +129,14 @@ class ParquetDataModule(L.LightningDataModule):
             )
             schema, arrays, self.splits = store.schema, store.arrays, store.splits
             self.rolls, instruments = store.rolls, store.instruments
+            if str(getattr(self.cfg, "target_transform", "none")) == "auto" and (
+                instruments >= PANEL_NAMES and schema["target_kind"] == "return"
+            ):
+                log.warning(
+                    "data: data.target_transform=auto left the target as it is: the panel is "
+                    "read one name at a time (data.lazy); data.lazy=false takes out the mean "
+                    "across the names (foxhunt.data.cross_section)"
+                )
         else:  # every instrument at once, in memory
             loaded = read_data(self.cfg)  # first: its checks name what is wrong with the files
             cuts = calendar_cuts(timeline(self.cfg), self.cfg)

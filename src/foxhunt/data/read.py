@@ -62,6 +62,7 @@ class Loaded:
     series: Iterable[Series]  # a list from `read_data`, an iterator from `stream`
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
     rolls: list[Roll] = field(default_factory=list)  # data.futures: every root's rolls
+    target_transform: str = "none"  # as applied (`foxhunt.data.cross_section`)
 
     @classmethod
     def of(cls, plan: ColumnPlan, series: Iterable[Series], rolls: list[Roll] = ()) -> Loaded:

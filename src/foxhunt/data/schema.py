@@ -52,6 +52,9 @@ class DataSchema:
     # each instrument's sessions learned from its bars (`foxhunt_serve.clock.Sessions`): the
     # steps after a short input's bars follow them; empty: saved before they were carried
     sessions: dict[str, Any] = field(default_factory=dict)
+    # data.target_transform as applied (foxhunt.data.cross_section; auto resolved): predict and
+    # the consumer apply it too; "none" for the models saved before it
+    target_transform: str = "none"
 
     @property
     def encoder_columns(self) -> list[str]:
@@ -92,6 +95,7 @@ class DataSchema:
             "kind": self.target_kind,
             "scale": "instrument" if self.target_scales else "global",
             "anchored": self.target_anchor,  # a level forecast as its move from the last value
+            "transform": self.target_transform,  # data.target_transform as applied
             "pooled_scale": self.target_scale,
             "by_instrument": dict(zip(self.groups, self.target_scales, strict=False)),
         }
@@ -121,6 +125,7 @@ class DataSchema:
                 "encoder_length": cfg.encoder_length,
                 "prediction_length": cfg.prediction_length,
                 "skipped": dict(loaded.skipped),
+                "target_transform": getattr(loaded, "target_transform", "none"),
                 **fields,
             }
         )
@@ -143,6 +148,7 @@ class DataSchema:
             "static",
             "target",
             "target_kind",
+            "target_transform",
             "encoder_length",
             "prediction_length",
         ):

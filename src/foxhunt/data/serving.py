@@ -45,6 +45,10 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
         "ohlcv": ohlcv,
         "futures": futures_section(cfg) if futures_enabled(cfg) else None,
         "calendar": clock_of(cfg).section(),
+        # foxhunt_serve.cross_section: the inputs (their names and bases in `features`) and
+        # the target, across the names at each time
+        "cross_section": str(getattr(cfg, "cross_section", "none")),
+        "target_transform": "none" if schema is None else schema.target_transform,
     }
     if schema is None:
         del section["columns_read"]
@@ -70,6 +74,8 @@ def features(schema: DataSchema, cfg: Any) -> dict[str, dict[str, Any]]:
             source = {"source": "derived", "family": spec_of[name][0], "window": spec_of[name][1]}
         elif name in calendar:
             source = {"source": "calendar"}
+        elif role == "observed" and (base := _across(name, cfg, schema)):
+            source = {"source": "cross_section", "of": base}
         else:
             source = {"source": "column", "column": name}
         out[name] = {"role": role, **source, "mean": float(mean), "std": float(std)}
@@ -97,6 +103,13 @@ def target_section(schema: DataSchema) -> dict[str, Any]:
         "stds": schema.target_scales,
         "anchored": schema.target_anchor,
     }
+
+
+def _across(name: str, cfg: Any, schema: DataSchema) -> str | None:
+    """The observed input `name` is the cross-sectional value of (data.cross_section), if any."""
+    how = str(getattr(cfg, "cross_section", "none"))
+    base = name.removesuffix(f"_xs_{how}")
+    return base if how != "none" and base != name and base in schema.observed else None
 
 
 def columns_read(cfg: Any, schema: DataSchema) -> list[str]:

@@ -81,8 +81,9 @@ def wants_lazy(cfg: Any) -> bool:
         lazy = lazy.lower() == "true"
     if isinstance(lazy, bool):
         return lazy
-    if {str(getattr(cfg, k, "none")) for k in ("cross_section", "target_transform")} != {"none"}:
-        return False  # every name's rows at once (foxhunt.data.cross_section)
+    asked = {str(getattr(cfg, k, "none")) for k in ("cross_section", "target_transform")}
+    if asked - {"none", "auto"}:  # every name's rows at once (foxhunt.data.cross_section)
+        return False
     if lazy != "auto":
         raise ConfigError(f"data.lazy must be auto, true or false, got {lazy!r}")
     return eager_bytes_estimate(cfg) > LAZY_MEMORY_FRACTION * _available_bytes()

@@ -192,7 +192,9 @@ def make_control(
     path = Path(directory) / f"{name}.parquet"
     write_atomic(path, lambda f: pq.write_table(table, f))
     overrides = ["data=parquet", f"data.path={path}", "data.group_column=symbol"]
-    overrides.append("data.features=ohlcv")
+    # the oracle forecasts each name's own return: the target as it is, not less the mean
+    # across the names that data.target_transform=auto takes on a panel of this size
+    overrides += ["data.features=ohlcv", "data.target_transform=none"]
     if extra:
         overrides.append(f"data.{ROLE[name]}=[{extra}]")
     return Control(name, path, tuple(overrides), days, series)
