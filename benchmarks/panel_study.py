@@ -126,9 +126,16 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "xs_demean target": ("data.target_transform=xs_demean",),
         },
     ),
-    "ensemble": (("indices", "drift250"), {"default": (), "3 seeds averaged": ("ensemble=3",)}),
+    "ensemble": (
+        ("indices",),
+        {
+            "default": (),
+            "3 seeds averaged": ("ensemble=3",),
+            "hidden 128, 3 seeds averaged": ("model.hidden_dim=128", "ensemble=3"),
+        },
+    ),
     "width": (
-        ("indices", "drift250"),
+        ("indices",),
         {
             "default": (),
             "hidden 128": ("model.hidden_dim=128",),
