@@ -151,6 +151,17 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "xs_demean, 3 seeds averaged": ("data.target_transform=xs_demean", "ensemble=3"),
         },
     ),
+    "long": (  # the market-neutral target trained three epochs
+        ("drift250",),
+        {
+            "xs_demean target": ("data.target_transform=xs_demean",),
+            "xs_demean, 3 epochs": (
+                "data.target_transform=xs_demean",
+                "trainer.max_epochs=3",
+                "optim.schedule_epochs=3",
+            ),
+        },
+    ),
     "recipe": (  # the training length and early stopping
         ("indices",),
         {
