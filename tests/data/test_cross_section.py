@@ -187,3 +187,13 @@ def test_auto_takes_out_the_mean_on_a_panel_of_enough_names(tmp_path, names, gro
     cfg = _cfg(tmp_path / "p.parquet", group_column=group, target_transform="auto")
     assert read_data(cfg).target_transform == want
     assert PANEL_NAMES <= 40
+
+
+def test_a_few_names_given_to_a_market_neutral_model_get_one_warning(tmp_path, caplog):
+    pq.write_table(stock_panel_table(3, days=80, seed=2), tmp_path / "p.parquet")
+    read_data(_cfg(tmp_path / "p.parquet", target_transform="xs_demean"))
+    said = [r.getMessage() for r in caplog.records if "name(s) only" in r.getMessage()]
+    assert said == [
+        "data: data.target_transform=xs_demean across 3 name(s) only: the model compares each "
+        "name with the others at each time, so give it the panel it was trained on"
+    ]

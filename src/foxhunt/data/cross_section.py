@@ -7,6 +7,7 @@ in-memory path (`foxhunt.checks`, `foxhunt.data.store.wants_lazy`)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,8 @@ import numpy as np
 from foxhunt_serve.cross_section import name_of, panel
 
 from foxhunt.errors import DataError
+
+log = logging.getLogger(__name__)
 
 # names a panel needs for data.target_transform=auto to take out their mean: the cross-sectional
 # book's default eval.book_min_names, below which a date's mean is mostly one name's own move
@@ -42,6 +45,17 @@ def apply(loaded: Any, cfg: Any) -> Any:
         )
     if how == "none" and transform == "none":
         return replace(loaded, series=series, target_transform="none")
+    if len(series) < PANEL_NAMES:  # a model trained so, given a few names (predict)
+        log.warning(
+            "data: %s across %d name(s) only: the model compares each name with the others at "
+            "each time, so give it the panel it was trained on",
+            " and ".join(
+                f"data.{k}={v}"
+                for k, v in (("cross_section", how), ("target_transform", transform))
+                if v != "none"
+            ),
+            len(series),
+        )
     targets, added = panel(
         [s.time_ns for s in series],
         [s.target for s in series],
