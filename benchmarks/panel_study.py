@@ -142,6 +142,10 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "variable_dim 32": ("model.variable_dim=32",),
         },
     ),
+    "xs_demean": (  # the market-neutral target alone (the cross_section study's cells)
+        ("drift250", "planted250"),
+        {"default": (), "xs_demean target": ("data.target_transform=xs_demean",)},
+    ),
     "combined": (  # the market-neutral target with the other levers
         ("drift250",),
         {
