@@ -197,3 +197,17 @@ def test_a_few_names_given_to_a_market_neutral_model_get_one_warning(tmp_path, c
         "data: data.target_transform=xs_demean across 3 name(s) only: the model compares each "
         "name with the others at each time, so give it the panel it was trained on"
     ]
+
+
+def test_the_run_says_its_target_is_market_neutral(panel, caplog):
+    from foxhunt.data.datamodule import ParquetDataModule
+
+    caplog.set_level("INFO")
+    dm = ParquetDataModule(_cfg(panel, target_transform="auto", encoder_length=16))
+    dm.setup()
+    assert dm.schema.target_transform == "xs_demean"
+    said = [r.getMessage() for r in caplog.records if "the target is" in r.getMessage()]
+    assert said == [
+        "data: the target is less the mean across the names at each time "
+        "(data.target_transform=auto)"
+    ]

@@ -190,6 +190,12 @@ class ParquetDataModule(L.LightningDataModule):
             empty = [n for n, spans in self.splits["instruments"].items() if spans[split] is None]
             if empty and len(empty) < instruments:  # (the whole split empty is said above)
                 log.info("data: no %s windows for %s", split, ", ".join(empty))
+        if schema.target_transform != "none":
+            log.info(
+                "data: the target is %s across the names at each time (data.target_transform=%s)",
+                "less the mean" if schema.target_transform == "xs_demean" else "ranked",
+                getattr(cfg, "target_transform", schema.target_transform),
+            )
         if schema.dropped:
             log.info(
                 "data: dropped %d feature(s) constant over the training split: %s",
