@@ -211,3 +211,15 @@ def test_the_run_says_its_target_is_market_neutral(panel, caplog):
         "data: the target is less the mean across the names at each time "
         "(data.target_transform=auto)"
     ]
+
+
+def test_a_panel_read_lazily_keeps_its_target_and_says_so(tmp_path, caplog):
+    from foxhunt.data.datamodule import ParquetDataModule
+
+    pq.write_table(stock_panel_table(12, days=400, seed=4), tmp_path / "p.parquet")
+    cfg = _cfg(tmp_path / "p.parquet", target_transform="auto", encoder_length=16, lazy=True)
+    dm = ParquetDataModule(replace(cfg, cache_dir=str(tmp_path / "cache")))
+    dm.setup()
+    assert dm.schema.target_transform == "none"
+    said = [r.getMessage() for r in caplog.records if "one name at a time" in r.getMessage()]
+    assert len(said) == 1 and "data.lazy=false takes out the mean" in said[0]
