@@ -102,17 +102,19 @@ def test_cross_sections_need_the_names_in_memory(overrides):
         validate(cfg)
 
 
-@pytest.fixture(scope="module")
-def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory):
-    """A tiny model trained with ranked inputs and a market-neutral target: (summary, dir)."""
+@pytest.fixture(scope="module", params=["rank", "none"])
+def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory, request):
+    """A tiny model trained with a market-neutral target (explicit, with ranked inputs; or
+    by default, alone): (summary, dir)."""
     tmp = tmp_path_factory.mktemp("neutral")
+    how = request.param
     args = [
         "data=parquet",
         f"data.path={panel}",
         "data.group_column=symbol",
         "data.features=ohlcv",
-        "data.cross_section=rank",
-        "data.target_transform=xs_demean",
+        f"data.cross_section={how}",
+        *(["data.target_transform=xs_demean"] if how == "rank" else []),  # or by default
         "data.encoder_length=16",
         "data.prediction_length=4",
         *TINY_MODEL,
@@ -121,7 +123,8 @@ def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory):
         f"hydra.run.dir={tmp / 'run'}",
     ]
     assert run_cli(*args, cwd=tmp).returncode == 0
-    return json.loads((tmp / "run" / "summary.json").read_text()) | {"data_path": str(panel)}, tmp
+    summary = json.loads((tmp / "run" / "summary.json").read_text())
+    return summary | {"data_path": str(panel), "ranked": how == "rank"}, tmp
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +147,10 @@ def predicted(market_neutral):
 def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral, predicted):
     summary, _ = market_neutral
     plain = read_data(_cfg(panel))
-    assert summary["num_features"] > 2 * len(plain.observed)  # each input's rank beside it
+    ranked = 2 * len(plain.observed)  # each input's rank beside it
+    assert (
+        summary["num_features"] > ranked if summary["ranked"] else summary["num_features"] < ranked
+    )
     assert summary["target"]["transform"] == "xs_demean"
     assert pq.read_table(predicted).num_rows > 0
 
@@ -165,7 +171,10 @@ def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(market_ne
     meta = json.loads((tmp / "onnx" / "model.json").read_text())
     assert meta["data"]["target_transform"] == "xs_demean"
     ranked = [f for f in meta["features"] if f.endswith("_xs_rank")]
-    assert ranked and {meta["features"][f]["source"] for f in ranked} == {"cross_section"}
+    assert {meta["features"][f]["source"] for f in ranked} == (
+        {"cross_section"} if summary["ranked"] else set()
+    )
+    assert bool(ranked) == summary["ranked"]
     assert cli.main([str(tmp / "onnx"), panel, str(tmp / "onnx.parquet")]) == 0
     got, want = pq.read_table(tmp / "onnx.parquet"), pq.read_table(predicted)
     assert got.num_rows == want.num_rows > 0

@@ -175,10 +175,9 @@ def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
         return series
     made = [f for f, spec in meta["features"].items() if spec["source"] == "cross_section"]
     bases = [meta["features"][f]["of"] for f in made]
-    none = [np.empty((len(s.target), 0)) for s in series]  # (no cross-sectional inputs)
-    inputs = [
-        np.column_stack([s.features[b] for b in bases] or [e])
-        for s, e in zip(series, none, strict=True)
+    inputs = [  # [rows, bases] each; no columns for a target transform alone
+        np.stack([s.features[b] for b in bases], axis=1) if bases else np.zeros((len(s.target), 0))
+        for s in series
     ]
     targets, added = panel(
         [s.time_ns for s in series], [s.target for s in series], inputs, how, transform
