@@ -37,7 +37,7 @@ def forecast(
         if "static_real" in names:
             feed["static_real"] = w.static[g]
         if "instrument" in names:
-            feed["instrument"] = g
+            feed["instrument"] = w.embed[g]
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
     centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)

@@ -20,8 +20,9 @@ from foxhunt_serve.series import across, load_series
 class Windows:
     rows: np.ndarray  # [all rows, encoder columns] float32, normalized
     starts: np.ndarray  # [N] each window's first row
-    group: np.ndarray  # [N] instrument index
-    static: np.ndarray  # [instruments, static] float32, normalized
+    group: np.ndarray  # [N] its series: the index of its instrument in `static` and `embed`
+    static: np.ndarray  # [series, static] float32, normalized
+    embed: np.ndarray  # [series] int64: the instrument embedding's row
     instrument: np.ndarray  # [N] names
     origin_ns: np.ndarray  # [N] the last encoder row's time
     target_ns: np.ndarray  # [N, H] each forecast step's time
@@ -165,12 +166,10 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     clock = Clock.of(data.get("calendar"))
     sessions = Sessions((data.get("calendar") or {}).get("sessions"))
     statics = [f for f, spec in features.items() if spec["role"] == "static"]
-    static = np.zeros((max(len(vocab), 1), len(statics)))
+    static, embed = [], []  # of each series with windows
     cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
     target = []  # each block's rows' target centre and scale (foxhunt_serve.scaling)
     for s in series:
-        g = vocab.index(s.name) if vocab and s.name in vocab else 0
-        static[g] = [s.static[f] for f in statics]
         times, given, user = future_steps(
             s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock, sessions
         )
@@ -184,7 +183,9 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
             times, user, meta, known, clock.dated(s.time_ns)
         )
         starts.append(offset + origins - e + 1)
-        groups.append(np.full(len(origins), g, np.int64))
+        groups.append(np.full(len(origins), len(static), np.int64))
+        static.append([s.static[f] for f in statics])
+        embed.append(vocab.index(s.name) if vocab and s.name in vocab else len(vocab))
         blocks.append(block)
         centre, scale = of_instruments(meta["target"], vocab, np.array([s.name]))
         target.append(np.repeat([[centre[0], scale[0]]], len(block), axis=0))
@@ -199,7 +200,10 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         rows=rows,
         starts=np.concatenate(starts),
         group=np.concatenate(groups),
-        static=normalized(static, static_mean, static_std, statics),
+        static=normalized(
+            np.array(static, float).reshape(-1, len(statics)), static_mean, static_std, statics
+        ),
+        embed=np.array(embed, np.int64),
         **facts,
     )
 

@@ -129,7 +129,7 @@ def interpret(
     precision_of(module.hparams).for_inference(model)  # as the test split is scored
     device = module.device
     sums = _Sums(schema, quantiles)
-    instrument_of_window = dataset.group[dataset.starts].numpy()  # for the fan chart
+    instrument_of_window = dataset.window_series()  # for the fan chart
     try:
         with torch.no_grad():
             for batch in datamodule.test_dataloader(sharded=False):
@@ -213,13 +213,13 @@ def _fan_windows(
     for g in np.unique(instrument_of_window)[:MAX_FAN_INSTRUMENTS]:
         where = np.flatnonzero(instrument_of_window == g)
         picks = np.unique(np.linspace(0, len(where) - 1, per_instrument).round().astype(int))
-        name = schema.groups[g] if schema.groups else schema.target
+        name = dataset.series.names[g] if schema.groups else schema.target
         chosen += [(name, int(where[p])) for p in picks]
     batch = dataset.__getitems__([i for _, i in chosen])  # one gather, as the loaders do
     device = next(model.parameters()).device
     pred = model({k: v.to(device) for k, v in batch.items()}).float().sort(dim=-1).values.cpu()
     group = dataset.group[dataset.starts[[i for _, i in chosen]]].numpy()
-    center, scale = schema.target_of(group)
+    center, scale = dataset.series.centre[group], dataset.series.scale[group]
 
     def units(x: torch.Tensor, j: int) -> list:
         return (x.double() * scale[j] + center[j]).tolist()

@@ -384,7 +384,8 @@ class Predictor:
 
     def _target(self, w: Windows) -> tuple[np.ndarray, np.ndarray]:
         """The target's centre and scale [N] of each window's instrument."""
-        return self.schema.target_of(w.dataset.group[w.dataset.starts].numpy())
+        series = w.dataset.window_series()
+        return w.dataset.series.centre[series], w.dataset.series.scale[series]
 
     @staticmethod
     def _read(data: pa.Table | str | Path) -> tuple[pa.Table, str]:

@@ -81,7 +81,7 @@ def split_ranges(datamodule: ParquetDataModule) -> list[dict[str, Any]]:
                 continue
             first = int(s.min()) + (0 if split == "train" else e)  # val/test: their first target
             last = int(s.max()) + e + h - 1
-            name = schema.groups[g] if schema.groups else "(one series)"
+            name = datamodule.datasets["train"].series.names[g] if schema.groups else "(one series)"
             out.append(
                 {
                     "instrument": name,
@@ -115,7 +115,8 @@ def _add_dates(datamodule: ParquetDataModule, group: np.ndarray, ranges: list[di
     counts = {g: int((group == g).sum()) for g in offsets}
     for g in offsets:
         if names is not None:
-            t = times.filter(pc.equal(names, datamodule.schema.groups[g])).to_numpy()
+            name = datamodule.datasets["train"].series.names[g]
+            t = times.filter(pc.equal(names, name)).to_numpy()
         else:
             t = times.to_numpy()
         skipped = len(t) - counts[g]  # leading rows the model did not see

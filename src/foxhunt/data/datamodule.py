@@ -148,7 +148,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.zone_warning = daylight.warning(np.asarray(arrays.time_ns), clock)
         self.target_warnings = list(self.splits.get("target_warnings", []))  # (older store: [])
         if self.fixed_schema is None:  # the sessions a short input will not show
-            names = list(schema["groups"])
+            names = arrays.series.names if schema["groups"] else []
             schema["sessions"] = learned_sessions(arrays.time_ns, arrays.group, names, clock)
         self._make_datasets(DataSchema.from_dict(schema), arrays, instruments)
 

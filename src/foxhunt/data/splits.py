@@ -159,31 +159,36 @@ def mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.mean(axis=0), _floored(x.std(axis=0))
 
 
-def normalized_statics(
-    schema: dict[str, Any], names: list[str], statics: list[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each series' index in the schema's instrument vocabulary (0 for one unnamed series), and
-    the normalized static reals by that index [max(groups, 1), static inputs] (the target
-    scale's input last with data.target_scale=instrument). Indexing the schema's
-    vocabulary keeps a subset of a checkpoint's instruments embedding right."""
+def embedding_rows(schema: dict[str, Any], names: list[str | None]) -> np.ndarray:
+    """[len(names)] int64: each series' row of the instrument embedding, its index in the
+    schema's vocabulary; a name outside it (one the model was not trained on): the row past
+    it; one unnamed series: 0."""
     vocab = {g: i for i, g in enumerate(schema["groups"])}
-    group_of_series = np.array([vocab.get(n, 0) for n in names], np.int64)
+    return np.array([vocab.get(n, len(vocab)) if vocab else 0 for n in names], np.int64)
+
+
+def normalized_statics(
+    schema: dict[str, Any], names: list[str | None], statics: list[np.ndarray]
+) -> np.ndarray:
+    """The normalized static reals [len(names), static inputs] of the series `names` (the
+    target scale's input last with data.target_scale=instrument: a name the model was not
+    trained on has the pooled scale)."""
     columns = list(schema["static"])
     mean, std = schema["static_mean"], schema["static_std"]
     if schema.get("target_scales"):  # the target scale's input: its log, relative to the pooled
         pooled = schema["input_mean"][0], schema["input_std"][0]
-        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, group_of_series)
+        rows = embedding_rows(schema, names)
+        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, rows)
         statics = [
             np.append(st, sc)
             for st, sc in zip(statics, scale_input(scale[1], pooled[1]), strict=True)
         ]
         columns.append(SCALE_INPUT)
-    static = np.zeros((max(len(schema["groups"]), 1), len(columns)))
-    for g, st in zip(group_of_series, statics, strict=True):
-        static[g] = (st - mean) / np.asarray(std)
-    groups = schema["groups"] or [None]
-    check_normalized(as_float32(static), columns, mean, std, lambda g: groups[g])
-    return group_of_series, static
+    static = np.zeros((len(names), len(columns)))
+    for i, st in enumerate(statics):
+        static[i] = (st - mean) / np.asarray(std)
+    check_normalized(as_float32(static), columns, mean, std, lambda i: names[i])
+    return static
 
 
 def as_float32(x: np.ndarray) -> np.ndarray:

@@ -42,10 +42,11 @@ from foxhunt.data.windows import DiskWindowBuilder, Resolve, WindowArrays, on_di
 from foxhunt.errors import ConfigError, DataError
 from foxhunt.files import alive
 
-FORMAT_VERSION = 9  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
+FORMAT_VERSION = 10  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
 # 6: futures inputs from ratio-adjusted prices under roll.adjust=difference too; 7: the target
 # on each instrument's scale, a level's on the scale of its moves; 8: a short level's fallback
-# scale relative to its own level; 9: naive times local on data.calendar's clock
+# scale relative to its own level; 9: naive times local on data.calendar's clock; 10: rows
+# and statics by series (meta.json's names), not by the schema's vocabulary
 LAZY_MEMORY_FRACTION = 0.5  # data.lazy=auto: lazy when the in-memory path would need more
 # settings that do not change the stored rows, so a change reuses the store
 _NOT_IN_KEY = {"path", "batch_size", "num_workers", "lazy", "cache_dir", "generate_if_missing"}
@@ -140,7 +141,15 @@ def _open(entry: Path, reused: bool) -> Store:
     meta = json.loads((entry / "meta.json").read_text())
     counts = {s: meta[s] for s in SPLITS}
     return Store(
-        arrays=on_disk(entry, meta["rows"], meta["columns"], meta["known"], counts, meta["schema"]),
+        arrays=on_disk(
+            entry,
+            meta["rows"],
+            meta["columns"],
+            meta["known"],
+            counts,
+            meta["schema"],
+            meta["names"],
+        ),
         schema=meta["schema"],
         splits=meta["splits"],
         instruments=meta["instruments"],
@@ -214,6 +223,7 @@ def _build(cfg: Any, folder: Path, resolve: Resolve) -> None:
         "columns": arrays.inputs.shape[1],
         "known": arrays.known.shape[1],
         "instruments": len(builder.names),
+        "names": builder.names,
         **builder.counts,
         "schema": schema,
         "splits": splits,

@@ -15,9 +15,9 @@ one chunk; its folder then holds
     inputs.f32   [rows, 1 + observed + known]  normalized, the target first
     target.f32   [rows]                        column 0 of inputs, contiguous
     known.f32    [rows, known]                 the trailing columns of inputs, contiguous
-    group.i64    [rows]                        index in the schema's instrument vocabulary
+    group.i64    [rows]                        its series: the index of its name in meta.json
     time.i64     [rows]                        each row's time, int64 ns UTC (for the baselines)
-    static.npy   [groups, static]              normalized static reals (and target scale)
+    static.npy   [series, static]              normalized static reals (and target scale)
     train.i64, val.i64, test.i64               window starts of each split
 
 `split_windows` is the data module's use of either: the chronological splits, the training rows'
@@ -45,6 +45,7 @@ from foxhunt.data.splits import (
     Moments,
     as_float32,
     check_normalized,
+    embedding_rows,
     mean_std,
     normalized_statics,
     split_record,
@@ -58,6 +59,31 @@ CHUNK_BYTES = 16 * 2**20  # float64 rows a DiskWindowBuilder normalizes at a tim
 Resolve = Callable[[dict[str, Any], np.ndarray], dict[str, Any]]
 
 
+@dataclass
+class PerSeries:
+    """What each series of the windows is, by its index (the `group` of its rows), looked up by
+    its name: a name the model was not trained on gets its own statics, the pooled target
+    scale and the embedding's row past the vocabulary (`by_name`)."""
+
+    names: list[str | None]  # [series] (None: one unnamed series)
+    embed: np.ndarray  # [series] int64: the row of the instrument embedding
+    static: np.ndarray  # [series, static] float32: normalized static reals
+    centre: np.ndarray  # [series] float64: the target's centre in its units
+    scale: np.ndarray  # [series] float64: and its scale
+
+    def unseen(self, vocabulary: list[str]) -> list[str]:
+        """The names outside the model's `vocabulary` (none for one unnamed series)."""
+        return [n for n in self.names if vocabulary and n not in vocabulary]
+
+
+def by_name(schema: dict[str, Any], names: list[str | None], static: np.ndarray) -> PerSeries:
+    """The series `names`, with their normalized static reals `static`, looked up in schema
+    dict `schema`."""
+    embed = embedding_rows(schema, names)
+    centre, scale = DataSchema.from_dict(schema).target_of(embed)
+    return PerSeries(list(names), embed, static, centre, scale)
+
+
 class WindowDataset(Dataset):
     """Windows of `encoder_length + prediction_length` rows starting at `starts`.
 
@@ -69,24 +95,25 @@ class WindowDataset(Dataset):
         inputs: torch.Tensor,
         target: torch.Tensor,
         group: torch.Tensor,
-        static_real: torch.Tensor,
+        series: PerSeries,
         known: torch.Tensor,
         starts: np.ndarray,
         encoder_length: int,
         prediction_length: int,
         has_groups: bool,
         time_ns: torch.Tensor | None = None,
-        target_scale: torch.Tensor | None = None,
     ) -> None:
         self.inputs = inputs  # [rows, 1 + observed + known], normalized
         self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
         self.target = target  # [rows], normalized
-        self.group = group  # [rows] instrument index
-        self.static_real = static_real  # [groups, static]
+        self.group = group  # [rows] the series (`series`) of each row
+        self.series = series
+        self.static_real = torch.from_numpy(series.static)  # [series, static]
+        self.embed = torch.from_numpy(series.embed)  # [series]
+        # [series] each one's target scale in its own units (metrics in the target's units)
+        self.target_scale = torch.from_numpy(series.scale.astype(np.float32))
         # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
         self.time_ns = time_ns
-        # [groups + 1] each instrument's target scale in its own units, then the pooled one
-        self.target_scale = torch.ones(1) if target_scale is None else target_scale
         self.starts = torch.from_numpy(starts)
         self.enc_offsets = torch.arange(encoder_length)
         self.dec_offsets = torch.arange(encoder_length, encoder_length + prediction_length)
@@ -100,10 +127,11 @@ class WindowDataset(Dataset):
         enc = s[:, None] + self.enc_offsets
         dec = s[:, None] + self.dec_offsets
         group = self.group[s]
+        embed = self.embed[group][:, None]
         return {
             "encoder_cont": self.inputs[enc],
             "decoder_known": self.known[dec],
-            "static_cat": group[:, None] if self.has_groups else group[:, None][:, :0],
+            "static_cat": embed if self.has_groups else embed[:, :0],
             "static_real": self.static_real[group],
             "target": self.target[dec],
             "target_last": self.target[enc[:, -1]],
@@ -119,6 +147,10 @@ class WindowDataset(Dataset):
         out = copy.copy(self)
         out.starts = self.starts[torch.from_numpy(np.asarray(keep, dtype=bool))]
         return out
+
+    def window_series(self) -> np.ndarray:
+        """[len(self)] int64: each window's series (its index in `series`)."""
+        return self.group[self.starts].numpy()
 
     def target_times(self, indices: np.ndarray) -> np.ndarray:
         """The target (decoder) rows' times [len(indices), prediction_length], int64 ns UTC."""
@@ -136,33 +168,31 @@ class WindowArrays:
     inputs: np.ndarray  # [rows, 1 + observed + known] float32, normalized, the target first
     target: np.ndarray  # [rows] float32: column 0 of inputs, contiguous
     known: np.ndarray  # [rows, known] float32: the trailing columns of inputs, contiguous
-    group: np.ndarray  # [rows] int64: index in the schema's instrument vocabulary
-    static: np.ndarray  # [groups, static] float32: normalized static reals
+    group: np.ndarray  # [rows] int64: the series of each row (its index in `series`)
+    series: PerSeries
     time_ns: np.ndarray  # [rows] int64 ns UTC
     starts: dict[str, np.ndarray]  # each split's window starts (int64 rows)
-    target_scale: np.ndarray  # [groups + 1] float32: each instrument's (`group_scales`)
 
     def datasets(
         self, encoder_length: int, prediction_length: int, has_groups: bool
     ) -> dict[str, WindowDataset]:
         """One WindowDataset per split, all of them indexing the same tensors."""
-        inputs, target, known, group, static, time_ns = (
+        inputs, target, known, group, time_ns = (
             torch.from_numpy(a)
-            for a in (self.inputs, self.target, self.known, self.group, self.static, self.time_ns)
+            for a in (self.inputs, self.target, self.known, self.group, self.time_ns)
         )
         return {
             split: WindowDataset(
                 inputs,
                 target,
                 group,
-                static,
+                self.series,
                 known,
                 starts,
                 encoder_length,
                 prediction_length,
                 has_groups,
                 time_ns,
-                torch.from_numpy(self.target_scale),
             )
             for split, starts in self.starts.items()
         }
@@ -173,27 +203,20 @@ def encoder_rows(s: Series) -> np.ndarray:
     return np.column_stack([s.target, s.observed, s.known])
 
 
-def group_scales(schema: dict[str, Any]) -> np.ndarray:
-    """[groups + 1] float32: the target scale of each instrument index of schema dict `schema`,
-    then the pooled one (an instrument it has not seen)."""
-    groups = np.arange(len(schema["groups"]) + 1)
-    return DataSchema.from_dict(schema).target_of(groups)[1].astype(np.float32)
-
-
 def normalize_rows(
     rows: np.ndarray,
     schema: dict[str, Any],
-    group: np.ndarray,
+    centre: np.ndarray,
+    scale: np.ndarray,
     instrument_of: Callable[[int], str | None],
 ) -> np.ndarray:
     """Float64 rows of schema dict `schema`'s encoder columns, normalized in place with its
-    statistics (the target's with those of each row's instrument index in `group`), as
+    statistics (the target's with each row's instrument's `centre` and `scale`), as
     float32. A DataError names the column (and the instrument of `instrument_of(row)`) where
     one is not finite."""
     mean, std = schema["input_mean"], schema["input_std"]
     target = None
     if schema.get("target_scales"):  # each instrument on its own (foxhunt_serve.scaling)
-        centre, scale = DataSchema.from_dict(schema).target_of(group)
         target = (rows[:, 0] - centre) / scale
     rows -= np.asarray(mean)
     rows /= np.asarray(std)
@@ -269,17 +292,13 @@ class WindowBuilder:
 
     def normalize(self, schema: dict[str, Any], keep: list[int]) -> WindowArrays:
         """The rows normalized with schema dict `schema` (of each row its encoder columns
-        `keep`: the schema's, without the features it drops), each instrument as its index in
-        the schema's vocabulary, and the normalized static reals."""
-        group_of_series, static = normalized_statics(schema, self.names, self.statics)
-        return self._normalized(schema, keep, group_of_series, static.astype(np.float32))
+        `keep`: the schema's, without the features it drops), and what each series is in it
+        (`by_name`)."""
+        static = normalized_statics(schema, self.names, self.statics).astype(np.float32)
+        return self._normalized(schema, keep, by_name(schema, self.names, static))
 
     def _normalized(
-        self,
-        schema: dict[str, Any],
-        keep: list[int],
-        group_of_series: np.ndarray,
-        static: np.ndarray,
+        self, schema: dict[str, Any], keep: list[int], series: PerSeries
     ) -> WindowArrays:
         rows = self._inputs()[:, keep]
         self._rows = []  # the float64 rows of every column: no longer needed
@@ -288,17 +307,17 @@ class WindowBuilder:
         def instrument_of(row: int) -> str:
             return self.names[int(np.searchsorted(offsets, row, side="right")) - 1]
 
-        group = np.repeat(group_of_series, self.lengths)
-        inputs = normalize_rows(rows, schema, group, instrument_of)
+        group = np.repeat(np.arange(len(self.names)), self.lengths)
+        centre, scale = series.centre[group], series.scale[group]
+        inputs = normalize_rows(rows, schema, centre, scale, instrument_of)
         return WindowArrays(
             inputs=inputs,
             target=np.ascontiguousarray(inputs[:, 0]),
             known=np.ascontiguousarray(inputs[:, inputs.shape[1] - len(schema["known"]) :]),
             group=group,
-            static=static,
+            series=series,
             time_ns=np.concatenate(self._times),
             starts={split: np.concatenate(st) for split, st in self._starts.items()},
-            target_scale=group_scales(schema),
         )
 
 
@@ -333,13 +352,9 @@ class DiskWindowBuilder(WindowBuilder):
         return (*moments.mean_std(), moments.constant())
 
     def _normalized(
-        self,
-        schema: dict[str, Any],
-        keep: list[int],
-        group_of_series: np.ndarray,
-        static: np.ndarray,
+        self, schema: dict[str, Any], keep: list[int], series: PerSeries
     ) -> WindowArrays:
-        np.save(self.folder / "static.npy", static)
+        np.save(self.folder / "static.npy", series.static)
         scratch, ordinals = self.folder / "inputs.f64", self.folder / "ordinal.i64"
         width = len(self._moments.mean)
         known = len(schema["known"])
@@ -362,14 +377,15 @@ class DiskWindowBuilder(WindowBuilder):
                 def instrument_of(row: int) -> str:
                     return self.names[ordinal[row]]  # noqa: B023 - called before the next chunk
 
-                inputs = normalize_rows(rows, schema, group_of_series[ordinal], instrument_of)
+                centre, scale = series.centre[ordinal], series.scale[ordinal]
+                inputs = normalize_rows(rows, schema, centre, scale, instrument_of)
                 inputs.tofile(inputs_f)
                 np.ascontiguousarray(inputs[:, 0]).tofile(target_f)
                 np.ascontiguousarray(inputs[:, len(keep) - known :]).tofile(known_f)
-                group_of_series[ordinal].tofile(group_f)
+                ordinal.tofile(group_f)
         scratch.unlink()
         ordinals.unlink()
-        return on_disk(self.folder, self.rows, len(keep), known, self.counts, schema)
+        return on_disk(self.folder, self.rows, len(keep), known, self.counts, schema, self.names)
 
 
 def _memmap(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -380,20 +396,25 @@ def _memmap(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def on_disk(
-    folder: Path, rows: int, columns: int, known: int, counts: dict[str, int], schema: dict
+    folder: Path,
+    rows: int,
+    columns: int,
+    known: int,
+    counts: dict[str, int],
+    schema: dict,
+    names: list[str | None],
 ) -> WindowArrays:
     """The arrays a DiskWindowBuilder wrote to `folder` (`rows` of `columns` encoder columns,
     `known` of them known inputs; `counts` windows of each split; normalized with schema dict
-    `schema`), as memmaps."""
+    `schema`; the series `names`), as memmaps."""
     return WindowArrays(
         inputs=_memmap(folder / "inputs.f32", np.float32, (rows, columns)),
         target=_memmap(folder / "target.f32", np.float32, (rows,)),
         known=_memmap(folder / "known.f32", np.float32, (rows, known)),
         group=_memmap(folder / "group.i64", np.int64, (rows,)),
-        static=np.load(folder / "static.npy"),
+        series=by_name(schema, names, np.load(folder / "static.npy")),
         time_ns=_memmap(folder / "time.i64", np.int64, (rows,)),
         starts={s: _memmap(folder / f"{s}.i64", np.int64, (n,)) for s, n in counts.items()},
-        target_scale=group_scales(schema),
     )
 
 

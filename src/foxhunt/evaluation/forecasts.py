@@ -48,7 +48,7 @@ class WindowFacts:
 def window_facts(dataset: WindowDataset, schema: DataSchema) -> WindowFacts:
     start = dataset.starts
     dec = start[:, None] + dataset.dec_offsets
-    names = schema.groups or [None]
+    names = dataset.series.names if schema.groups else [None]
     return WindowFacts(
         instrument=np.array([names[g] for g in dataset.group[start].tolist()], dtype=object),
         origin_ns=dataset.time_ns[start + schema.encoder_length - 1].numpy(),
@@ -75,7 +75,8 @@ def forecast_table(
     n, h = len(dataset), schema.prediction_length
     start = dataset.starts
     # each window's instrument's (foxhunt_serve.scaling), [n, 1] against its steps
-    center, scale = (x[:, None] for x in schema.target_of(dataset.group[start].numpy()))
+    series = dataset.window_series()
+    center, scale = dataset.series.centre[series, None], dataset.series.scale[series, None]
     facts = window_facts(dataset, schema)
     values = pred.astype(np.float64) * scale[..., None] + center[..., None]
     actual = facts.actual * scale + center

@@ -47,7 +47,12 @@ def judge(
     the same per instrument, the IC and probabilistic scores."""
     started = time.perf_counter()
     baselines, test, strongest = score_baselines(
-        datasets, schema.target_kind, quantiles, schema.groups, pred, seed
+        datasets,
+        schema.target_kind,
+        quantiles,
+        datasets["test"].series.names if schema.groups else [],
+        pred,
+        seed,
     )
     pooled = test.pop(None, {})
     best = None if strongest is None else (pooled["best_baseline"], strongest)
