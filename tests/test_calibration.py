@@ -166,7 +166,7 @@ def test_no_validation_target_falls_in_the_calibration_period(tmp_path, data_cfg
     assert cal[:, 0].min() == cut and val.max() < cut
     every = targets(whole.datasets["val"])
     assert len(val) == (every[:, -1] < cut).sum() and len(cal) == (every[:, 0] >= cut).sum()
-    names = np.array(whole.schema.groups)[whole.datasets["val"].group[whole.datasets["val"].starts]]
+    names = np.array(whole.datasets["val"].series.names)[whole.datasets["val"].window_series()]
     straddling = (every[:, 0] < cut) & (every[:, -1] >= cut)
     assert set(names[straddling]) == {"FULL", "LATE", "GAP", "GONE"}
     assert (names[straddling] == "FULL").sum() == cfg.prediction_length - 1

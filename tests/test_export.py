@@ -454,6 +454,35 @@ def test_the_serving_package_alone_forecasts_as_predict_without_torch(futures, t
     _same_forecasts(pq.read_table(served), pq.read_table(tmp_path / "predict.parquet"))
 
 
+def test_a_name_listed_after_training_is_forecast_by_predict_and_the_consumer_alike(
+    plain, tmp_path
+):
+    """BBB's bars renamed CCC: a name the model has not seen, forecast through the embedding's
+    unseen row on the pooled scale by both, within the parity tolerance; AAA as before."""
+    tail = pq.read_table(plain.data)
+    names = np.array(tail["symbol"].to_pylist())
+    renamed = tail.set_column(
+        tail.schema.get_field_index("symbol"),
+        "symbol",
+        pa.array(np.where(names == "BBB", "CCC", names)),
+    )
+    path = tmp_path / "renamed.parquet"
+    pq.write_table(renamed, path)
+    meta = json.loads((plain.export / JSON_FILE).read_text())
+    assert meta["unseen_instruments"] and meta["instruments"] == ["AAA", "BBB"]
+    predictor = foxhunt.load(plain.ckpt, device="cpu")
+    want = predictor.predict(path)
+    code, _, stderr = consumer(plain.export, path, tmp_path / "onnx.parquet")
+    assert code == 0, stderr
+    _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
+    assert sorted(set(want["instrument"].to_pylist())) == ["AAA", "CCC"]
+    before = predictor.predict(plain.data)
+    aaa = [t.filter(pc.equal(t["instrument"], "AAA")) for t in (want, before)]
+    assert aaa[0].equals(aaa[1])
+    bbb, ccc = (t.filter(pc.equal(t["instrument"], n)) for t, n in ((before, "BBB"), (want, "CCC")))
+    assert not np.allclose(bbb["q0.5"].to_numpy(), ccc["q0.5"].to_numpy())  # not BBB's row
+
+
 def test_consumer_bad_input_is_one_line(plain, tmp_path):
     tail = pq.read_table(plain.data)
     renamed = tail.set_column(
@@ -461,14 +490,19 @@ def test_consumer_bad_input_is_one_line(plain, tmp_path):
         "symbol",
         pa.array(["CCC" if s == "BBB" else s for s in tail["symbol"].to_pylist()]),
     )
+    # a model.json written before names listed after training were forecast
+    before = Path(shutil.copytree(plain.export, tmp_path / "before"))
+    meta = json.loads((before / "model.json").read_text())
+    del meta["unseen_instruments"]
+    (before / "model.json").write_text(json.dumps(meta))
     cases = {
-        "unknown instruments": (renamed, "instruments unknown to the model: CCC"),
-        "a missing column": (tail.drop_columns(["f2"]), "missing column(s) f2"),
+        "unknown instruments": (renamed, "instruments unknown to the model: CCC", before),
+        "a missing column": (tail.drop_columns(["f2"]), "missing column(s) f2", plain.export),
     }
-    for name, (table, message) in cases.items():
+    for name, (table, message, export) in cases.items():
         path = tmp_path / f"{name}.parquet"
         pq.write_table(table, path)
-        code, _, stderr = consumer(plain.export, path, tmp_path / "out.parquet")
+        code, _, stderr = consumer(export, path, tmp_path / "out.parquet")
         assert code == 2 and stderr.count("\n") == 1 and message in stderr, (name, stderr)
     code, _, stderr = consumer(plain.export, plain.data, plain.data)
     assert code == 2 and "is the input data" in stderr

@@ -67,6 +67,7 @@ def _check_model(m: Any) -> None:
     _check(m.lstm_layers > 0, f"model.lstm_layers must be positive, got {m.lstm_layers}")
     _check(m.variable_dim > 0, f"model.variable_dim must be positive, got {m.variable_dim}")
     _check(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
+    _check(0 <= m.unseen_share < 1, f"model.unseen_share must be in [0, 1), got {m.unseen_share}")
     _check(
         m.compile in (True, False, "auto", *COMPILE_MODES),
         f"model.compile must be auto, true, false or one of {', '.join(COMPILE_MODES)}, "

@@ -219,10 +219,13 @@ class ModelConfig:
     # the highway added before the monotone head, one weight per quantile: the order of the
     # models trained before #45 (false: one forecast added after it, to every quantile alike)
     highway_first: bool = False
-    # torch.compile the model (inductor): auto (the measured default of the device it trains
-    # on, foxhunt.training.module.COMPILE_BY_DEVICE), true, false, or one of torch.compile's
-    # modes (foxhunt.checks.COMPILE_MODES; reduce-overhead: CUDA graphs); not part of the
-    # architecture, so resume may toggle it
+    # a row per training name, one more for a name not seen, learned by hiding the name on
+    # unseen_share of the training windows; false: no id input (foxhunt.training.module)
+    instrument_embedding: bool = True
+    unseen_share: float = 0.1
+    # torch.compile (inductor): auto (the device's measured default, foxhunt.training.module's
+    # COMPILE_BY_DEVICE), true, false, or a mode (foxhunt.checks.COMPILE_MODES); not part of
+    # the architecture, so resume may toggle it
     compile: Any = "auto"
 
 
@@ -232,13 +235,12 @@ class OptimConfig:
     weight_decay: float = 1e-2
     schedule: Schedule = Schedule.cosine
     warmup_fraction: float = 0.05
-    # the schedule's length in epochs; None: trainer.max_epochs. Set it to stop early and
-    # resume later on the same schedule (train 2 of 4 epochs, resume to 4 = 4 straight).
+    # the schedule's length in epochs; None: trainer.max_epochs (to stop early and resume on
+    # the same schedule: train 2 of 4 epochs, resume to 4 = 4 straight)
     schedule_epochs: int | None = None
-    # the schedule's length in optimizer steps, rounded up to whole epochs (so its end is
-    # validated), where training ends: trainer.max_epochs is then a ceiling (the schedule spans
-    # it when it is lower) and early stopping may end it sooner; None: trainer.max_epochs
-    # (or schedule_epochs, which wins). 800: enough for the positive controls (docs/model.md)
+    # the schedule's length in optimizer steps, rounded up to whole epochs (its end is
+    # validated), where training ends (trainer.max_epochs a ceiling, early stopping may end it
+    # sooner); None: trainer.max_epochs or schedule_epochs. 800: the positive controls' need
     schedule_steps: int | None = 800
 
 

@@ -86,9 +86,14 @@ def test_each_instrument_is_scaled_by_its_own_training_rows(tmp_path, returns_cf
         normalized = ds.target.numpy()[first : first + len(train[name])]
         assert normalized.std() == pytest.approx(1.0, rel=1e-5)
     # each window carries its instrument's scale; the static input orders the names by it
-    batch = dm.datasets["test"].__getitems__(list(range(len(dm.datasets["test"]))))
-    names = np.array(schema.groups)[batch["static_cat"][:, 0].numpy()]
+    test = dm.datasets["test"]
+    batch = test.__getitems__(list(range(len(test))))
+    names = np.array(test.series.names)[test.group[batch["index"]].numpy()]
     assert set(names) == set(PANEL)  # LATE is forecast and scored too
+    # without a training window, LATE and SHORT take the embedding's unseen row
+    assert sorted(schema.untrained) == ["LATE", "SHORT"]
+    unseen = batch["static_cat"][:, 0].numpy() == len(schema.groups)
+    assert unseen.tolist() == np.isin(names, ["LATE", "SHORT"]).tolist()
     want = np.array([scales[n] for n in names], np.float32)
     np.testing.assert_array_equal(batch["target_scale"].numpy(), want)
     assert schema.static_inputs[-1] == SCALE_INPUT
@@ -181,7 +186,7 @@ def test_a_short_level_falls_back_on_the_pooled_relative_move(tmp_path, data_cfg
     # the test windows' targets as the model sees them: a late name's moves near unit size
     ds = dm.datasets["test"]
     for name in ("LATE", "NEW"):
-        rows = (ds.group == schema.groups.index(name)).numpy()
+        rows = (ds.group == ds.series.names.index(name)).numpy()
         assert 0.5 < np.diff(ds.target.numpy()[rows]).std() < 2
     # serving's scale (model.json's target) is the same, an unseen name the pooled one
     names = np.array([*LEVELS, "UNSEEN"])

@@ -162,6 +162,14 @@ def test_a_model_saved_with_the_highway_before_the_monotone_head_loads_as_it_was
         assert torch.equal(load_weights(tmp_path / "old.safetensors")[0](batch), got)
 
 
+def test_a_checkpoint_saved_before_unseen_names_refuses_one_in_one_line(tmp_path):
+    """foxhunt 0.1.0's model has no unseen name's row: a name listed after it is refused."""
+    bars = write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "CCC": 200}))
+    data = {"path": str(bars), "group_column": "symbol"}
+    with pytest.raises(CheckpointError, match="instruments unknown to the checkpoint: CCC"):
+        foxhunt.load(LEGACY / "fp32.ckpt", data, device="cpu").predict()
+
+
 @pytest.mark.slow  # 4 CPU-s: the full tier
 def test_checkpoints_of_foxhunt_0_1_0_still_load_and_forecast_the_same(tmp_path):
     bars = write_table(tmp_path / "bars.parquet", make_table({"AAA": 300, "BBB": 200}))

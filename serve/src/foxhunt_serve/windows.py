@@ -157,7 +157,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     names = sorted({s.name for s in series} | set(future))
     vocab = meta["instruments"]
     unknown = [n for n in names if vocab and n not in vocab] if data["group_column"] else []
-    if unknown:
+    if unknown and not meta.get("unseen_instruments"):  # (a model.json written before them)
         raise InputError(f"instruments unknown to the model: {', '.join(unknown)}")
     check_history({s.name: len(s.target) for s in series}, names, observed_rows, data, e)
     encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
@@ -185,7 +185,8 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), len(static), np.int64))
         static.append([s.static[f] for f in statics])
-        embed.append(vocab.index(s.name) if vocab and s.name in vocab else len(vocab))
+        trained = s.name in vocab and s.name not in meta.get("untrained_instruments", [])
+        embed.append(vocab.index(s.name) if trained else len(vocab))
         blocks.append(block)
         centre, scale = of_instruments(meta["target"], vocab, np.array([s.name]))
         target.append(np.repeat([[centre[0], scale[0]]], len(block), axis=0))

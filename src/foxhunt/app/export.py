@@ -56,6 +56,7 @@ from foxhunt.precision.onnx import (
     to_onnx,
     verify,
 )
+from foxhunt.training.module import forecasts_unseen
 
 FORMAT = "foxhunt-onnx"  # model.json's `format`
 FORMAT_VERSION = 1
@@ -145,7 +146,12 @@ def model_description(
         "prediction_length": schema.prediction_length,
         "quantiles": quantiles,
         "instruments": list(schema.groups),
-        "inputs": onnx_inputs(schema),
+        # names outside them are forecast: with the embedding's row after theirs, or with no
+        # instrument input (foxhunt.training.module.forecasts_unseen)
+        "unseen_instruments": forecasts_unseen(predictor.model, schema),
+        # of them, those without a training window: forecast as unseen names
+        "untrained_instruments": list(schema.untrained),
+        "inputs": onnx_inputs(schema, getattr(predictor.model, "instrument_rows", None)),
         "output": {
             "name": OUTPUT,
             "dtype": "float32",

@@ -63,6 +63,7 @@ from foxhunt.precision import precision_of
 from foxhunt.precision.fp32 import load_weights
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
 from foxhunt.training.checkpoint_io import load_module, read_checkpoint
+from foxhunt.training.module import forecasts_unseen
 
 log = logging.getLogger(__name__)
 MAX_BATCH_SIZE = 8192  # windows per forward pass at most, however much memory is free
@@ -255,10 +256,11 @@ class Windows:
 
 
 def build_windows(
-    table: pa.Table, cfg: DictConfig, schema: DataSchema, all_windows: bool
+    table: pa.Table, cfg: DictConfig, schema: DataSchema, all_windows: bool, unseen: bool = False
 ) -> Windows:
     """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
-    latest, or with `all_windows` every window with a full encoder history."""
+    latest, or with `all_windows` every window with a full encoder history (`unseen`: the
+    model forecasts names outside its vocabulary)."""
     if schema.groups and not cfg.group_column:
         raise ConfigError(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
@@ -276,7 +278,7 @@ def build_windows(
         ).to_dict(),
         schema.dropped,
     )
-    schema.check_matches(DataSchema.from_dict(found))
+    schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
     with data_errors():
         serving.check_history(usable, names, observed_rows, data_section(cfg), e)
@@ -362,9 +364,10 @@ class Predictor:
         cfg.path = where
         resolve_names(cfg, pads.dataset(table))  # this file's spelling of the columns
         adapts = self.calibration is not None and self.calibration.method == "aci"
-        windows = build_windows(table, cfg, self.schema, all_windows or adapts)
+        unseen = forecasts_unseen(self.model, self.schema)
+        windows = build_windows(table, cfg, self.schema, all_windows or adapts, unseen)
         if adapts and not all_windows:  # the latest windows are there as they would be alone
-            latest = build_windows(table, cfg, self.schema, False)
+            latest = build_windows(table, cfg, self.schema, False, unseen)
         normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
         if adapts and not all_windows:
             windows, normalized = latest, normalized[rows_of(windows, latest)]

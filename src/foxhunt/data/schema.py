@@ -55,6 +55,10 @@ class DataSchema:
     # data.target_transform as applied (foxhunt.data.cross_section; auto resolved): predict and
     # the consumer apply it too; "none" for the models saved before it
     target_transform: str = "none"
+    # the names in `groups` without a training window: a model with the unseen name's row
+    # forecasts them with it, as a name listed after training (foxhunt.data.splits'
+    # embedding_rows); empty for the models saved before it
+    untrained: list[str] = field(default_factory=list)
 
     @property
     def encoder_columns(self) -> list[str]:
@@ -130,8 +134,10 @@ class DataSchema:
             }
         )
 
-    def check_matches(self, other: DataSchema) -> None:
-        """Raise CheckpointError naming how `other` (the data) differs from this schema."""
+    def check_matches(self, other: DataSchema, unseen: bool = False) -> None:
+        """Raise CheckpointError naming how `other` (the data) differs from this schema
+        (`unseen`: the model forecasts names outside its vocabulary, foxhunt.training.module's
+        `forecasts_unseen`)."""
         mine = [*self.observed, *self.known, *self.static]
         theirs = [*other.observed, *other.known, *other.static]
         missing = [c for c in mine if c not in theirs]
@@ -158,8 +164,11 @@ class DataSchema:
                     f"{getattr(self, key)!r} (checkpoint) vs {getattr(other, key)!r} (data)"
                 )
         new = [g for g in other.groups if g not in self.groups]
-        if new:
-            raise CheckpointError(f"instruments unknown to the checkpoint: {', '.join(new)}")
+        if new and not unseen:
+            raise CheckpointError(
+                f"instruments unknown to the checkpoint: {', '.join(new)} (a model saved "
+                "before foxhunt forecast unseen names; retrain it to forecast them)"
+            )
 
 
 CONSTANT = "constant over the training split"

@@ -159,12 +159,20 @@ def mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.mean(axis=0), _floored(x.std(axis=0))
 
 
-def embedding_rows(schema: dict[str, Any], names: list[str | None]) -> np.ndarray:
-    """[len(names)] int64: each series' row of the instrument embedding, its index in the
-    schema's vocabulary; a name outside it (one the model was not trained on): the row past
-    it; one unnamed series: 0."""
+def vocabulary_index(schema: dict[str, Any], names: list[str | None]) -> np.ndarray:
+    """[len(names)] int64: each name's index in the schema's vocabulary (`groups`), the index
+    past it for a name outside it; 0 for one unnamed series."""
     vocab = {g: i for i, g in enumerate(schema["groups"])}
     return np.array([vocab.get(n, len(vocab)) if vocab else 0 for n in names], np.int64)
+
+
+def embedding_rows(schema: dict[str, Any], names: list[str | None]) -> np.ndarray:
+    """[len(names)] int64: each name's row of the instrument embedding, its index in the
+    vocabulary; the row past it (the unseen name's) for a name outside the vocabulary or
+    without a training window (`untrained`); 0 for one unnamed series."""
+    rows = vocabulary_index(schema, names)
+    rows[np.isin(np.asarray(names, object), schema.get("untrained", []))] = len(schema["groups"])
+    return rows
 
 
 def normalized_statics(
@@ -177,8 +185,8 @@ def normalized_statics(
     mean, std = schema["static_mean"], schema["static_std"]
     if schema.get("target_scales"):  # the target scale's input: its log, relative to the pooled
         pooled = schema["input_mean"][0], schema["input_std"][0]
-        rows = embedding_rows(schema, names)
-        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, rows)
+        at = vocabulary_index(schema, names)
+        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, at)
         statics = [
             np.append(st, sc)
             for st, sc in zip(statics, scale_input(scale[1], pooled[1]), strict=True)

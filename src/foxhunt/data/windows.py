@@ -50,6 +50,7 @@ from foxhunt.data.splits import (
     normalized_statics,
     split_record,
     split_starts,
+    vocabulary_index,
 )
 from foxhunt.data.target import evidence, target_kind
 
@@ -79,9 +80,8 @@ class PerSeries:
 def by_name(schema: dict[str, Any], names: list[str | None], static: np.ndarray) -> PerSeries:
     """The series `names`, with their normalized static reals `static`, looked up in schema
     dict `schema`."""
-    embed = embedding_rows(schema, names)
-    centre, scale = DataSchema.from_dict(schema).target_of(embed)
-    return PerSeries(list(names), embed, static, centre, scale)
+    centre, scale = DataSchema.from_dict(schema).target_of(vocabulary_index(schema, names))
+    return PerSeries(list(names), embedding_rows(schema, names), static, centre, scale)
 
 
 class WindowDataset(Dataset):
@@ -431,9 +431,11 @@ def split_windows(
     # each instrument's training targets' moments as either kind (foxhunt_serve.scaling), and
     # what they say of the target (foxhunt.data.target), read as the instruments stream by
     target_moments: dict[str, list] = {"return": [], "level": []}
-    found_evidence = []
+    found_evidence, untrained = [], []  # untrained: the names without a training window
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
+        if not len(starts[0]):
+            untrained.append(s.name)
         spans |= split_record(cuts, [s], [starts], E, H)["instruments"]
         found_evidence.append(evidence(s.name, s.target[train]))
         for kind, found_moments in target_moments.items():
@@ -445,6 +447,8 @@ def split_windows(
     mean, std, constant = builder.statistics()
     stats = (mean, std, target_moments[kind])
     found = found_schema(loaded, cfg, builder.names, stats, np.stack(builder.statics))
+    if cfg.group_column:  # forecast through the embedding's unseen row, as one listed later
+        found["untrained"] = untrained
     schema = resolve(found, constant)
     arrays = builder.normalize(schema, drop_features(found, schema["dropped"])[1])
     splits = {"cuts": cuts.to_dict(), "instruments": spans, "target_warnings": warnings}

@@ -121,6 +121,11 @@ class TemporalFusionTransformer(nn.Module):
         self._build_attention(num_heads, dropout)
         self._build_head(highway, monotone, highway_first)
 
+    @property
+    def instrument_rows(self) -> int:
+        """The rows of the instrument embedding, the first static categorical (0: none)."""
+        return self.static_embeddings[0].num_embeddings if self.num_static_cat else 0
+
     def _build_inputs(self, static_cardinalities: Sequence[int], variable_dim: int) -> None:
         """Input transformations (sec. 4.2). One prescaler per time-varying real, shared by the
         encoder and decoder as in pytorch-forecasting; ordered [observed, known, relative time]

@@ -42,10 +42,12 @@ class ExportError(FoxhuntError):
 # --- the inputs ------------------------------------------------------------------------------
 
 
-def onnx_inputs(schema: DataSchema) -> list[dict[str, Any]]:
+def onnx_inputs(schema: DataSchema, instruments: int | None = None) -> list[dict[str, Any]]:
     """The exported model's inputs: name, dtype, shape (batch first) and the features along the
     last axis. Inputs with no feature are left out (no known inputs: no encoder_known and
-    decoder_known; no static reals; one unnamed series: no instrument)."""
+    decoder_known; no static reals; no instrument embedding: no instrument). `instruments`:
+    the rows of the model's instrument embedding (`TemporalFusionTransformer.instrument_rows`;
+    None: one per name of the schema)."""
     e, h = schema.encoder_length, schema.prediction_length
     observed = [schema.target, *schema.observed]
     inputs = [_input("encoder_observed", ["batch", e, len(observed)], observed)]
@@ -55,7 +57,9 @@ def onnx_inputs(schema: DataSchema) -> list[dict[str, Any]]:
     static = schema.static_inputs  # the data's, then the target scale's
     if static:
         inputs.append(_input("static_real", ["batch", len(static)], static))
-    if schema.groups:
+    if instruments is None:
+        instruments = len(schema.groups)
+    if instruments:
         inputs.append({"name": "instrument", "dtype": "int64", "shape": ["batch"]})
     return inputs
 
@@ -64,21 +68,28 @@ def _input(name: str, shape: list[Any], features: list[str]) -> dict[str, Any]:
     return {"name": name, "dtype": "float32", "shape": shape, "features": list(features)}
 
 
-def example_inputs(schema: DataSchema, batch: int, seed: int = 0) -> dict[str, Tensor]:
-    """Random inputs of `batch` windows, by input name: normal features, valid instruments."""
+def example_inputs(
+    schema: DataSchema, batch: int, seed: int = 0, instruments: int | None = None
+) -> dict[str, Tensor]:
+    """Random inputs of `batch` windows, by input name: normal features, valid instruments
+    (`instruments`: as `onnx_inputs`)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for spec in onnx_inputs(schema):
+    rows = len(schema.groups) if instruments is None else instruments
+    for spec in onnx_inputs(schema, rows):
         shape = [batch, *spec["shape"][1:]]
         if spec["dtype"] == "int64":
-            out[spec["name"]] = torch.randint(0, len(schema.groups), shape, generator=g)
+            out[spec["name"]] = torch.randint(0, rows, shape, generator=g)
         else:
             out[spec["name"]] = torch.randn(*shape, generator=g)
     return out
 
 
-def onnx_feed(batch: Mapping[str, Tensor], schema: DataSchema) -> dict[str, np.ndarray]:
-    """A batch of `WindowDataset` windows as the exported model's inputs."""
+def onnx_feed(
+    batch: Mapping[str, Tensor], schema: DataSchema, instruments: int | None = None
+) -> dict[str, np.ndarray]:
+    """A batch of `WindowDataset` windows as the exported model's inputs (`instruments`: as
+    `onnx_inputs`)."""
     enc = batch["encoder_cont"]
     observed = 1 + len(schema.observed)
     feed = {"encoder_observed": enc[..., :observed]}
@@ -86,7 +97,7 @@ def onnx_feed(batch: Mapping[str, Tensor], schema: DataSchema) -> dict[str, np.n
         feed |= {"encoder_known": enc[..., observed:], "decoder_known": batch["decoder_known"]}
     if schema.static_inputs:
         feed["static_real"] = batch["static_real"]
-    if schema.groups:
+    if len(schema.groups) if instruments is None else instruments:
         feed["instrument"] = batch["static_cat"][:, 0]
     return {k: v.contiguous().numpy() for k, v in feed.items()}
 
@@ -98,6 +109,7 @@ class OnnxModel(nn.Module):
     def __init__(self, model: nn.Module, schema: DataSchema) -> None:
         super().__init__()
         self.model = model
+        self.instruments = getattr(model, "instrument_rows", len(schema.groups))
         self.encoder_length = schema.encoder_length
         self.prediction_length = schema.prediction_length
 
@@ -209,7 +221,7 @@ def _quiet() -> Iterator[None]:
 def to_onnx(model: OnnxModel, schema: DataSchema, opset: int) -> bytes:
     """The serialized ONNX model: torch.export with a dynamic batch dimension, then torch.onnx's
     translation. An ExportError names the step and the op that failed."""
-    example = example_inputs(schema, EXAMPLE_BATCH)
+    example = example_inputs(schema, EXAMPLE_BATCH, instruments=model.instruments)
     batch = torch.export.Dim("batch")
     dynamic = {name: {0: batch} for name in example}
     with _quiet(), torch.no_grad():
@@ -278,7 +290,7 @@ def verify(
     session = onnx_session(onnx_bytes)
     worst_abs, worst_rel = 0.0, 0.0
     for batch in batch_sizes:
-        x = example_inputs(schema, batch, seed=batch)
+        x = example_inputs(schema, batch, seed=batch, instruments=model.instruments)
         got = session.run([OUTPUT], {k: v.numpy() for k, v in x.items()})[0]
         with torch.no_grad():
             want = model(**x).numpy()

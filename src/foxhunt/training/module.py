@@ -46,6 +46,9 @@ class ModelHparams(TypedDict):
     monotone: NotRequired[bool]
     highway_first: NotRequired[bool]
     compile: NotRequired[bool | str]  # auto | true | false | a torch.compile mode
+    # absent: saved before #60, a row per training name and none for an unseen one
+    instrument_embedding: NotRequired[bool]
+    unseen_share: NotRequired[float]
 
 
 class OptimHparams(TypedDict):
@@ -101,13 +104,28 @@ def check_hparams(hparams: Any, source: Any) -> None:
         )
 
 
+def instrument_rows(model: ModelHparams, schema: DataSchema) -> int:
+    """The rows of the model's instrument embedding: one per training name (the schema's
+    vocabulary) and the unseen name's after them; 0 without one (one unnamed series, or
+    model.instrument_embedding=false); a model saved before #60 has no unseen row."""
+    if not schema.groups or not model.get("instrument_embedding", True):
+        return 0
+    return len(schema.groups) + ("instrument_embedding" in model)
+
+
+def forecasts_unseen(model: nn.Module, schema: DataSchema) -> bool:
+    """Whether the TFT `model` forecasts a name outside its vocabulary: it has the unseen
+    name's row, or no instrument embedding at all (those saved before #60 have neither)."""
+    return getattr(model, "instrument_rows", len(schema.groups)) != len(schema.groups)
+
+
 def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
     """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema."""
     return {
         "num_observed": 1 + len(schema.observed),  # the target's history leads the observed
         "num_known": len(schema.known),
         "prediction_length": schema.prediction_length,
-        "static_cardinalities": [len(schema.groups)] if schema.groups else [],
+        "static_cardinalities": [rows] if (rows := instrument_rows(model, schema)) else [],
         "num_static_real": len(schema.static_inputs),  # with the target scale's
         "anchor": schema.target_anchor,
         "hidden_dim": model["hidden_dim"],
@@ -293,11 +311,24 @@ class TFTModule(L.LightningModule):
         if self.trainer.world_size > 1:
             _average_gradients(self.parameters(), self.trainer.world_size)
 
+    def _hide_names(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch with the unseen name's embedding row in place of the name on a share
+        (model.unseen_share) of its windows, drawn from torch's seeded RNG: how that row learns
+        what a name the model has not seen looks like."""
+        rows = instrument_rows(self.hparams.model, self.schema)
+        share = float(self.hparams.model.get("unseen_share", 0.0))
+        if not share or rows <= len(self.schema.groups):
+            return batch
+        names = batch["static_cat"]
+        hide = torch.rand(len(names), device=names.device) < share
+        return batch | {"static_cat": torch.where(hide[:, None], rows - 1, names)}
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         # Manual optimization: the step (foxhunt.training.step) may run as several micro-batches
         # (OOM backoff). Under DDP the backward passes do not synchronise (no_sync): every
         # process runs its micro-batches, the backoff agrees on whether any ran out of memory
         # (then all redo the step), and only then are the gradients averaged, once.
+        batch = self._hide_names(batch)
         with _no_backward_sync(self.trainer.strategy):
             loss = train_step(
                 self.model,
