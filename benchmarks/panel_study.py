@@ -134,6 +134,17 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "hidden 128, 3 seeds averaged": ("model.hidden_dim=128", "ensemble=3"),
         },
     ),
+    "indices_combined": (  # the width with the whole validation period or with an ensemble
+        ("indices",),
+        {
+            "default": (),
+            "hidden 128": ("model.hidden_dim=128",),
+            "hidden 128, no calibration split": (
+                "model.hidden_dim=128",
+                "data.calibration_share=0",
+            ),
+        },
+    ),
     "width": (
         ("indices",),
         {
