@@ -483,6 +483,24 @@ def test_a_name_listed_after_training_is_forecast_by_predict_and_the_consumer_al
     assert not np.allclose(bbb["q0.5"].to_numpy(), ccc["q0.5"].to_numpy())  # not BBB's row
 
 
+def test_a_name_too_short_for_the_encoder_is_left_out_with_one_warning(plain, tmp_path, caplog):
+    """AAA listed days ago (18 rows, 4 of them to forecast): predict and the consumer forecast
+    BBB alike, each with one warning naming AAA, where they refused the whole file."""
+    tail = pq.read_table(plain.data)
+    names = np.array(tail["symbol"].to_pylist())
+    path = tmp_path / "listed.parquet"
+    pq.write_table(tail.filter(_last_rows(names, 18) | (names == "BBB")), path)
+    with caplog.at_level("WARNING"):
+        want = foxhunt.load(plain.ckpt, device="cpu").predict(path)
+        code, _, stderr = consumer(plain.export, path, tmp_path / "onnx.parquet")
+    assert code == 0, stderr
+    said = [r.getMessage() for r in caplog.records if "too short a history" in r.getMessage()]
+    assert len(said) == 2, said  # once each
+    assert all("AAA has 14 (of 14 in the data)" in s and "BBB" not in s for s in said)
+    assert set(want["instrument"].to_pylist()) == {"BBB"}
+    _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
+
+
 def test_consumer_bad_input_is_one_line(plain, tmp_path):
     tail = pq.read_table(plain.data)
     renamed = tail.set_column(

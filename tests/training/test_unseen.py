@@ -7,12 +7,13 @@ import numpy as np
 import torch
 
 import foxhunt
+from foxhunt.app.console import console_summary
 from foxhunt.app.train import train
 from foxhunt.config import ModelConfig, OptimConfig
 from foxhunt.data.schema import DataSchema
 from foxhunt.precision.onnx import onnx_inputs
 from foxhunt.training.module import TFTModule, forecasts_unseen, instrument_rows
-from tests.helpers import compose_train, make_table, tiny_overrides, write_table
+from tests.helpers import FIVE_MIN, compose_train, make_table, tiny_overrides, write_table
 
 
 def _schema(groups: list[str]) -> DataSchema:
@@ -84,3 +85,25 @@ def test_a_model_without_the_embedding_forecasts_a_name_listed_after_training(tm
     assert of(after, "AAA").equals(of(before, "AAA"))
     ccc, bbb = of(after, "CCC"), of(before, "BBB")
     assert ccc.num_rows == bbb.num_rows > 0 and np.isfinite(ccc["q0.5"].to_numpy()).all()
+
+
+def test_a_name_listed_in_the_test_period_is_forecast_and_scored_apart(tmp_path):
+    """NEW lists at bar 240 of 300, after the training and validation periods: it is forecast
+    through the unseen row, and summary.json, the console and the report score it apart."""
+    cols = make_table({"AAA": 300, "BBB": 300, "NEW": 60})
+    new = cols["symbol"] == "NEW"
+    cols["timestamp"] = np.where(new, cols["timestamp"] + 240 * FIVE_MIN, cols["timestamp"])
+    path = write_table(tmp_path / "listed.parquet", cols)
+    cfg = compose_train(*tiny_overrides(path, "report=true"))
+    summary = train(cfg, tmp_path / "run")
+    schema = DataSchema.from_dict(
+        torch.load(summary["best_checkpoint"], weights_only=True)["hyper_parameters"]["schema"]
+    )
+    assert schema.untrained == ["NEW"]
+    unseen = summary["metrics"]["unseen"]
+    assert unseen["names"] == ["NEW"] and unseen["windows"] > 0
+    assert unseen["skill"] is not None and unseen["best_baseline"]
+    assert unseen["windows"] == summary["metrics"]["by_instrument"]["NEW"]["windows"]
+    line = next(s for s in console_summary(summary) if s.startswith("names not seen"))
+    assert "(1: NEW)" in line and f"skill {unseen['skill']:+.1%}" in line
+    assert "Names not seen in training (1: NEW)" in (tmp_path / "run" / "report.md").read_text()

@@ -92,7 +92,7 @@ def predict(
     windows = build_windows(table, meta, all_windows or adapts, str(data))
     values = forecast(onnx, meta, windows, batch_size)
     if adapts and not all_windows:  # then only each instrument's latest
-        latest = build_windows(table, meta, False, str(data))
+        latest = build_windows(table, meta, False, str(data), quiet=True)
         windows, values = latest, values[rows_of(windows, latest)]
     time_type = table.schema.field(meta["data"]["time_column"]).type
     return output(windows, values, meta["output"]["columns"], time_type)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class Windows:
     actual: np.ndarray  # [N, H] NaN where not realised
 
 
+log = logging.getLogger(__name__)
 FACTS = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
 
 
@@ -148,18 +150,20 @@ def known_inputs(
     return np.stack(columns, axis=1) if columns else np.zeros((len(times), 0))
 
 
-def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path: str) -> Windows:
-    """Each instrument's latest window (every one with `all_windows`), normalized."""
+def build_windows(
+    table: pa.Table, meta: dict[str, Any], all_windows: bool, path: str, quiet: bool = False
+) -> Windows:
+    """Each instrument's latest window (every one with `all_windows`), normalized (`quiet`: the
+    warnings were given by a build before it)."""
     data, features = meta["data"], meta["features"]
     e, h = meta["encoder_length"], meta["prediction_length"]
     observed_rows, future = split_future(table, data)
     series = across(load_series(observed_rows, meta, path), meta)
     names = sorted({s.name for s in series} | set(future))
-    vocab = meta["instruments"]
-    unknown = [n for n in names if vocab and n not in vocab] if data["group_column"] else []
-    if unknown and not meta.get("unseen_instruments"):  # (a model.json written before them)
-        raise InputError(f"instruments unknown to the model: {', '.join(unknown)}")
-    check_history({s.name: len(s.target) for s in series}, names, observed_rows, data, e)
+    vocab, embedding_row = embedding_rows(names, meta)
+    usable = {s.name: len(s.target) for s in series}
+    short = check_history(usable, names, observed_rows, data, e, quiet)
+    series = [s for s in series if s.name not in short]
     encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
     columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
     known = [f for f, spec in features.items() if spec["role"] == "known"]
@@ -185,8 +189,7 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), len(static), np.int64))
         static.append([s.static[f] for f in statics])
-        trained = s.name in vocab and s.name not in meta.get("untrained_instruments", [])
-        embed.append(vocab.index(s.name) if trained else len(vocab))
+        embed.append(embedding_row[s.name])
         blocks.append(block)
         centre, scale = of_instruments(meta["target"], vocab, np.array([s.name]))
         target.append(np.repeat([[centre[0], scale[0]]], len(block), axis=0))
@@ -209,6 +212,19 @@ def build_windows(table: pa.Table, meta: dict[str, Any], all_windows: bool, path
     )
 
 
+def embedding_rows(names: list[str], meta: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
+    """The model's vocabulary, and each name's row of its instrument embedding: its index in the
+    vocabulary, the row after it for a name outside it or without a training window (one the
+    model has not seen); an error for such a name when the model has no such row."""
+    vocab = meta["instruments"]
+    unknown = [n for n in names if vocab and n not in vocab] if meta["data"]["group_column"] else []
+    if unknown and not meta.get("unseen_instruments"):  # (a model.json written before them)
+        raise InputError(f"instruments unknown to the model: {', '.join(unknown)}")
+    untrained = set(meta.get("untrained_instruments", []))
+    at = {n: i for i, n in enumerate(vocab) if n not in untrained}
+    return vocab, {n: at.get(n, len(vocab)) for n in names}
+
+
 def normalized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, names: list[str]) -> np.ndarray:
     """float32((x - mean) / std), in float64; an error naming a column that overflows."""
     with np.errstate(over="ignore"):
@@ -220,22 +236,33 @@ def normalized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, names: list[str
 
 
 def check_history(
-    usable: dict[str, int], names: list[str], rows: pa.Table, data: dict[str, Any], needed: int
-) -> None:
-    """Every instrument has an encoder's worth of rows (`usable`: by name) left after NaN
-    handling and warm-up."""
+    usable: dict[str, int],
+    names: list[str],
+    rows: pa.Table,
+    data: dict[str, Any],
+    needed: int,
+    quiet: bool = False,
+) -> set[str]:
+    """The instruments without an encoder's worth of rows (`usable`: by name) left after NaN
+    handling and warm-up, left out with one warning (a real panel always holds a name listed
+    days ago; `quiet`: said already); an error when that is every one."""
     short = [n for n in names if usable.get(n, 0) < needed]
     if not short:
-        return
+        return set()
     raw = rows_in_data(rows, data)
     listed = "; ".join(
         f"{n} has {usable.get(n, 0)} (of {raw.get(n, '0 in the data')})" for n in short
     )
     warmup = f" of {data['ohlcv']['warmup_rows']} rows" if data.get("ohlcv") else ""
-    raise InputError(
+    found = (
         f"too short a history for the model's encoder of {needed} rows: {listed}; the rows "
         f"left after NaN handling and the feature warm-up{warmup} count"
     )
+    if len(short) == len(names):
+        raise InputError(found)
+    if not quiet:
+        log.warning("left out, %s", found)
+    return set(short)
 
 
 def rows_in_data(rows: pa.Table, data: dict[str, Any]) -> dict[str, str]:

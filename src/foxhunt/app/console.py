@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.app.report_figures import cross_sectional, listed, ranked
-from foxhunt.app.report_scores import ic_figures, spread
+from foxhunt.app.report_scores import ic_figures, spread, unseen_figures
 
 
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
@@ -21,6 +21,8 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     if cross_sectional(m):
         lines.insert(0, f"cross-sectional {ic_figures(m)}")
     lines += _instrument_lines(m.get("by_instrument") or {})
+    if m.get("unseen"):
+        lines.append(unseen_figures(m["unseen"]))
     accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
     if accuracy is not None and up is not None:
         lines.append(

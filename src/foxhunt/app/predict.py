@@ -256,11 +256,17 @@ class Windows:
 
 
 def build_windows(
-    table: pa.Table, cfg: DictConfig, schema: DataSchema, all_windows: bool, unseen: bool = False
+    table: pa.Table,
+    cfg: DictConfig,
+    schema: DataSchema,
+    all_windows: bool,
+    unseen: bool = False,
+    quiet: bool = False,
 ) -> Windows:
     """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
     latest, or with `all_windows` every window with a full encoder history (`unseen`: the
-    model forecasts names outside its vocabulary)."""
+    model forecasts names outside its vocabulary; `quiet`: the warnings were given by a build
+    before it)."""
     if schema.groups and not cfg.group_column:
         raise ConfigError(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
@@ -281,7 +287,8 @@ def build_windows(
     schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
     with data_errors():
-        serving.check_history(usable, names, observed_rows, data_section(cfg), e)
+        short = serving.check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
+        series = [s for s in series if s.name not in short]
         return _cut(series, future, loaded, cfg, schema, keep, all_windows)
 
 
@@ -367,7 +374,7 @@ class Predictor:
         unseen = forecasts_unseen(self.model, self.schema)
         windows = build_windows(table, cfg, self.schema, all_windows or adapts, unseen)
         if adapts and not all_windows:  # the latest windows are there as they would be alone
-            latest = build_windows(table, cfg, self.schema, False, unseen)
+            latest = build_windows(table, cfg, self.schema, False, unseen, quiet=True)
         normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
         if adapts and not all_windows:
             windows, normalized = latest, normalized[rows_of(windows, latest)]

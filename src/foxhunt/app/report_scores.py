@@ -25,6 +25,9 @@ def spread(values: list[float], what: str, fmt: str = "{:+.1%}") -> str:
     return f"{len(v)} instruments, {np.mean(v > 0):.0%} with positive {what}; {figures}"
 
 
+SHOWN_UNSEEN = 5  # the unseen names listed by name (all of them: summary.json)
+
+
 def ic_figures(m: dict[str, Any]) -> str:
     """'IC +0.021 (se 0.006, t 3.4, 480 dates), rank IC +0.018 (t 2.9)' of the metrics `m`."""
     t = "n/a" if m.get("ic_t") is None else f"{m['ic_t']:.1f}"
@@ -34,6 +37,21 @@ def ic_figures(m: dict[str, Any]) -> str:
     if m.get("rank_ic") is not None:
         rank_t = "n/a" if m.get("rank_ic_t") is None else f"{m['rank_ic_t']:.1f}"
         line += f", rank IC {m['rank_ic']:+.3f} (t {rank_t})"
+    return line
+
+
+def unseen_figures(u: dict[str, Any]) -> str:
+    """'names not seen in training (2: NEW, LATE): skill +0.4% against lightgbm on their 120
+    test windows, horizon-1 IC +0.052 (t 1.3)' of summary.json's metrics.unseen."""
+    names = u["names"]
+    shown = ", ".join(names[:SHOWN_UNSEEN]) + (", ..." if len(names) > SHOWN_UNSEEN else "")
+    line = f"names not seen in training ({len(names)}: {shown}): "
+    line += "no skill scored" if u.get("skill") is None else f"skill {u['skill']:+.1%}"
+    line += f" against {u['best_baseline']}" if u.get("best_baseline") else ""
+    line += f" on their {u['windows']} test windows"
+    if u.get("ic_h1") is not None:
+        t = "n/a" if u.get("ic_h1_t") is None else f"{u['ic_h1_t']:.1f}"
+        line += f", horizon-1 IC {u['ic_h1']:+.3f} (t {t})"
     return line
 
 
@@ -133,6 +151,9 @@ def baselines_section(summary: dict[str, Any]) -> list[str]:
             f"Directional accuracy {accuracy:.1%} against a base rate of {max(up, 1 - up):.1%} "
             f"(always {'up' if up >= 0.5 else 'down'}: {up:.1%} of the test moves were up)."
         )
+    if m.get("unseen"):  # forecast through the embedding's unseen row, scored apart
+        figures = unseen_figures(m["unseen"])
+        lines.append(figures[0].upper() + figures[1:] + ".")
     return [*lines, *instrument_table(m.get("by_instrument"), baselines)]
 
 

@@ -72,9 +72,10 @@ class PerSeries:
     centre: np.ndarray  # [series] float64: the target's centre in its units
     scale: np.ndarray  # [series] float64: and its scale
 
-    def unseen(self, vocabulary: list[str]) -> list[str]:
-        """The names outside the model's `vocabulary` (none for one unnamed series)."""
-        return [n for n in self.names if vocabulary and n not in vocabulary]
+    def unseen(self, vocabulary: list[str]) -> list[int]:
+        """The series forecast as names the model has not seen: the embedding's row after its
+        `vocabulary` (a name outside it, or without a training window); none for one series."""
+        return [i for i, row in enumerate(self.embed) if vocabulary and row == len(vocabulary)]
 
 
 def by_name(schema: dict[str, Any], names: list[str | None], static: np.ndarray) -> PerSeries:

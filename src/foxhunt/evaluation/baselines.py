@@ -338,13 +338,15 @@ def score(
     quantiles: list[float],
     names: list[str],
     desc: str = "baselines: score",
+    apart: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """Each predictor's {loss, directional_accuracy} on every window of `ds`, pooled (key
-    None) and per instrument (its name, from the vocabulary `names`): ({predictor: {key:
-    scores}}, {key: {windows, up_share}}), the up share being the share of the target's moves
-    that were up (moves of zero not counted, as in the directional accuracy: what "always up"
-    scores). One unnamed series (`names` empty) is scored pooled only; `desc` names the
-    progress shown on a terminal."""
+    None), per instrument (its name, from the vocabulary `names`) and over each group of
+    instruments in `apart` (key ("apart", its label): a list of indices in `names`):
+    ({predictor: {key: scores}}, {key: {windows, up_share}}), the up share being the share of
+    the target's moves that were up (moves of zero not counted, as in the directional
+    accuracy: what "always up" scores). One unnamed series (`names` empty) is scored pooled
+    only; `desc` names the progress shown on a terminal."""
     q = np.asarray(quantiles, dtype=np.float64)
     groups = max(len(names), 1)
     tallies = {name: Tally(groups, q) for name in predictors}
@@ -359,6 +361,7 @@ def score(
             tallies[name].update(predict(w), move, w.group)
     keys: list[tuple[str | None, Any]] = [(None, slice(None))]
     keys += [(names[g], [g]) for g in np.flatnonzero(windows)] if names else []
+    keys += [(("apart", label), g) for label, g in (apart or {}).items() if windows[g].sum()]
     scored = {name: {key: t.scores(keep) for key, keep in keys} for name, t in tallies.items()}
     counts = {
         key: {
@@ -423,10 +426,12 @@ def score_baselines(
     names: list[str],
     model: np.ndarray | None = None,
     seed: int = 0,
+    apart: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
-    test dataset's order; `foxhunt.app.train.forecast_split`) when given. Returns
+    test dataset's order; `foxhunt.app.train.forecast_split`) when given, and on the test
+    windows the groups of instruments `apart` as `score` does. Returns
     ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
     {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,
@@ -444,12 +449,12 @@ def score_baselines(
     if model is not None:
         predictors[MODEL] = model_forecasts(model, target_kind)
     scored, test = score(
-        predictors, datasets["test"], target_kind, quantiles, names, "baselines: test"
+        predictors, datasets["test"], target_kind, quantiles, names, "baselines: test", apart
     )
     scored = {n: {k: _test_metrics(s) for k, s in found.items()} for n, found in scored.items()}
     own = scored.pop(MODEL, None)
     for name, found in scored.items():
-        by_instrument = {k: v for k, v in found.items() if k is not None}
+        by_instrument = {k: v for k, v in found.items() if isinstance(k, str)}
         out[name] |= found[None] | {"test_by_instrument": by_instrument}
     for key in test if own is not None else ():
         against, best = skill(own[key]["test_loss"], {n: f[key] for n, f in scored.items()})

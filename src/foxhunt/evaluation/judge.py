@@ -18,9 +18,12 @@ from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.baselines import score_baselines
 from foxhunt.evaluation.book import judged_book, plain
 from foxhunt.evaluation.forecasts import forecast_table
-from foxhunt.evaluation.quality import equity_curves, evaluate, strategy_summary
+from foxhunt.evaluation.quality import equity_curves, evaluate, scored_apart, strategy_summary
 
 log = logging.getLogger(__name__)
+# summary.json's metrics.unseen: the names forecast through the embedding's unseen row (listed
+# after training, or without a training window), scored apart
+UNSEEN = "unseen"
 
 
 @dataclass
@@ -46,15 +49,19 @@ def judge(
     metrics: the skill against the strongest baseline, its name, the base rate of up moves,
     the same per instrument, the IC and probabilistic scores."""
     started = time.perf_counter()
+    series = datasets["test"].series
+    unseen = series.unseen(schema.groups)
     baselines, test, strongest = score_baselines(
         datasets,
         schema.target_kind,
         quantiles,
-        datasets["test"].series.names if schema.groups else [],
+        series.names if schema.groups else [],
         pred,
         seed,
+        {UNSEEN: unseen},
     )
     pooled = test.pop(None, {})
+    apart = test.pop(("apart", UNSEEN), None)
     best = None if strongest is None else (pooled["best_baseline"], strongest)
     table = forecast_table(datasets["test"], schema, pred, quantiles, best, raw)
     log.info("baselines: fit and scored in %.1f s", time.perf_counter() - started)
@@ -71,6 +78,9 @@ def judge(
     judged, evaluation, results = evaluate(
         table, schema.target_kind, e.stride, e.strategy, e.cost_bps, lag
     )
+    if apart is not None:  # the names the model forecast without having seen them
+        names = [str(series.names[g]) for g in unseen if series.names[g] in test]
+        headline[UNSEEN] = {"names": names} | apart | scored_apart(table, names, e.stride)
     strategy = strategy_summary(results, e.strategy, e.cost_bps, pooled.get("best_baseline"), lag)
     summary = {
         "metrics": headline | judged,

@@ -125,6 +125,21 @@ def evaluate(
     return metrics, evaluation, results
 
 
+def scored_apart(table: pa.Table, names: list[str], stride: int | None) -> dict[str, Any]:
+    """The IC of the instruments `names` alone over every stride-th window (`evaluate`'s), at
+    horizon 1 and over every step: {ic_h1, ic_h1_t, ic, ic_t, ic_mode}."""
+    w = _Windows.of(table)
+    rows = np.flatnonzero(w.strided(stride) & np.isin(w.names, names))
+    first, every = w.ics(rows, 0), w.ics(rows, slice(None))
+    return {
+        "ic_h1": first["ic"],
+        "ic_h1_t": first["ic_t"],
+        "ic": every["ic"],
+        "ic_t": every["ic_t"],
+        "ic_mode": first["ic_mode"],
+    }
+
+
 def _scores(
     w: _Windows, keep: np.ndarray, stride: int | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
