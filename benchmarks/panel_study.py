@@ -134,6 +134,30 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "hidden 128, 3 seeds averaged": ("model.hidden_dim=128", "ensemble=3"),
         },
     ),
+    "unseen": (  # #60: the instrument embedding with its unseen row, without hiding, or none
+        ("drift250", "planted250"),
+        {
+            "xs_demean, embedding, unseen row (default)": (
+                "data.target_transform=xs_demean",
+                "model.unseen_share=0.1",
+            ),
+            "xs_demean, embedding, no names hidden": (
+                "data.target_transform=xs_demean",
+                "model.unseen_share=0",
+            ),
+            "xs_demean, no embedding": (
+                "data.target_transform=xs_demean",
+                "model.instrument_embedding=false",
+            ),
+        },
+    ),
+    "unseen_controls": (  # the positive controls with the embedding and without
+        tuple(f"control_{name}" for name in CONTROLS),
+        {
+            "embedding, unseen row (default)": ("model.unseen_share=0.1",),
+            "no embedding": ("model.instrument_embedding=false",),
+        },
+    ),
     "indices_combined": (  # the width with the whole validation period or with an ensemble
         ("indices",),
         {
