@@ -54,7 +54,7 @@ from foxhunt.data.schema import DataSchema, drop_features
 from foxhunt.data.serving import data_section
 from foxhunt.data.source import open_dataset
 from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
-from foxhunt.errors import CheckpointError, ConfigError, DataError, data_errors
+from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.calibration import METHODS, Calibration
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
@@ -286,10 +286,9 @@ def build_windows(
     )
     schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
-    with data_errors():
-        short = serving.check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
-        series = [s for s in series if s.name not in short]
-        return _cut(series, future, loaded, cfg, schema, keep, all_windows)
+    short = serving.check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
+    series = [s for s in series if s.name not in short]
+    return _cut(series, future, loaded, cfg, schema, keep, all_windows)
 
 
 def _cut(

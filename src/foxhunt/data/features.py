@@ -32,7 +32,7 @@ from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 from foxhunt_serve.windows import bar_interval
 
-from foxhunt.errors import ConfigError, DataError, data_errors
+from foxhunt.errors import ConfigError, DataError
 
 __all__ = [
     "OhlcvSpec",
@@ -276,9 +276,8 @@ def derive_features(
     hi, lo, c = arrays["high"], arrays["low"], arrays["close"]
 
     obs_plan, known_names = _plan(spec)
-    with data_errors():  # the serving core's definitions (foxhunt_serve.features)
-        bars = Ohlcv(hi, lo, c, arrays["volume"])
-        observed = {f"{fam}_{w}": bars.feature(fam, w) for fam, w in obs_plan}
+    bars = Ohlcv(hi, lo, c, arrays["volume"])
+    observed = {f"{fam}_{w}": bars.feature(fam, w) for fam, w in obs_plan}
     known = {k: calendar(t, k, clock) for k in known_names}
     return DerivedFeatures(
         observed=observed,

@@ -21,12 +21,13 @@ from foxhunt_serve.futures import (
     Continuous,
     Contract,
     Roll,
+    parse_contract,
     third_friday,
 )
 
 from foxhunt.config import parse_time
 from foxhunt.data.features import clock_of
-from foxhunt.errors import ConfigError, data_errors
+from foxhunt.errors import ConfigError
 
 __all__ = [
     "ADJUSTMENTS",
@@ -48,12 +49,6 @@ __all__ = [
     "third_friday",
 ]
 ROLLS = "rolls.csv"  # the roll schedule, in a run directory
-
-
-def parse_contract(contract_id: str, first_time_ns: int, pattern: str = ROOT_PATTERN) -> tuple:
-    """(root, month, year) of a contract id; a DataError naming it when it does not parse."""
-    with data_errors():
-        return serving.parse_contract(contract_id, first_time_ns, pattern)
 
 
 def check_roll(rule: str, fixed: list | None, has_interest: bool) -> None:
@@ -80,8 +75,7 @@ def roll_schedule(
 ) -> list[Roll]:
     """The rolls of one root's held contract over time, factor not yet set (nan)."""
     check_roll(rule, fixed, all(c.open_interest is not None for c in contracts))
-    with data_errors():
-        return serving.roll_schedule(contracts, rule, confirm_bars, days, fixed, strict)
+    return serving.roll_schedule(contracts, rule, confirm_bars, days, fixed, strict)
 
 
 def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continuous:
@@ -137,8 +131,7 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
         "ohlcv": {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")},
         "futures": futures,
     }
-    with data_errors():
-        return serving.continuous(table, data)
+    return serving.continuous(table, data)
 
 
 def rolls_table(rolls: list[Roll]) -> pa.Table:

@@ -17,7 +17,6 @@ from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import clock_of, feature_plan
 from foxhunt.data.read import stack_columns
 from foxhunt.data.serving import data_section
-from foxhunt.errors import data_errors
 
 __all__ = ["Future", "known_at", "split_future"]
 
@@ -26,8 +25,7 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     """Take off each instrument's rows after its last target value (the target, or with
     features=ohlcv the close, empty): the bars to forecast, whose known inputs may be given.
     Returns the table without them and those rows by instrument (with data.futures, by root)."""
-    with data_errors():
-        return serving.split_future(table, data_section(cfg))
+    return serving.split_future(table, data_section(cfg))
 
 
 def known_at(

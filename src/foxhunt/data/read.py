@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from foxhunt_serve import read as serving
-from foxhunt_serve.read import TIME_UNITS
+from foxhunt_serve.read import TIME_UNITS, as_float, as_text, group_codes
 from foxhunt_serve.series import iso_time, non_finite, out_of_order
 
 from foxhunt.config import parse_time
@@ -32,7 +32,7 @@ from foxhunt.data.columns import (
 from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
-from foxhunt.errors import ConfigError, DataError, data_errors
+from foxhunt.errors import ConfigError, DataError
 
 # every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -79,12 +79,6 @@ class Loaded:
         )
 
 
-def as_float(table: pa.Table, column: str) -> np.ndarray:
-    """A numeric column as float64 values; a DataError for any other type."""
-    with data_errors():
-        return serving.as_float(table, column)
-
-
 def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
     """The time column as int64 nanoseconds since 1970 UTC: a timestamp or date column by its
     own unit, an integer column by data.time_unit (required: nothing in the file says it);
@@ -92,20 +86,7 @@ def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
     if cfg.time_unit is not None and cfg.time_unit not in TIME_UNITS:
         raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {cfg.time_unit!r}")
     zone = clock_of(cfg).time_zone
-    with data_errors():
-        return serving.time_ns(table, cfg.time_column, cfg.time_unit, zone)
-
-
-def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | pa.Array:
-    """Instrument names as text, the one way every reader (and the report) spells them."""
-    with data_errors():
-        return serving.as_text(col, column)
-
-
-def group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[str]]:
-    """Each row's instrument as an index into the sorted instrument names, and those names."""
-    with data_errors():
-        return serving.group_codes(table, column)
+    return serving.time_ns(table, cfg.time_column, cfg.time_unit, zone)
 
 
 def make_series(
@@ -136,8 +117,7 @@ def make_series(
                 "data.group_column=NAME (their column)"
             )
         raise DataError(out_of_order(cfg.time_column, name, t, i, locate(i)))
-    with data_errors():
-        cols, keep = non_finite(values, cfg.nan_policy, name, locate)
+    cols, keep = non_finite(values, cfg.nan_policy, name, locate)
     t = t[keep]
     if len(t) == 0:  # as short as can be: an error, as a short one is, not left out unsaid
         policy = cfg.nan_policy
