@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from collections import defaultdict
 from graphlib import CycleError, TopologicalSorter
@@ -145,3 +146,10 @@ def test_the_serving_core_imports_its_own_dependencies_alone():
             elif isinstance(node, ast.Import):
                 imported |= {a.name.split(".")[0] for a in node.names}
     assert imported - sys.stdlib_module_names - {"__future__"} == SERVING
+
+
+def test_predict_imports_onnxruntime_only_to_make_a_session():
+    """foxhunt's predict uses the serving core's windows and tables, never its sessions."""
+    code = "import sys, foxhunt.app.predict; print('onnxruntime' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False"

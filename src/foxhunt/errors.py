@@ -6,7 +6,7 @@ it is, with no wrapper; the others are its kinds."""
 
 from __future__ import annotations
 
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import InputError, WriteError
 
 FoxhuntError = InputError  # any of them
 DataError = InputError  # the data cannot be used as configured (missing column, NaN, order)
@@ -20,5 +20,11 @@ class CheckpointError(InputError):
     """A checkpoint is missing, unreadable or does not match the data."""
 
 
-class WriteError(InputError):
-    """A result file could not be written (the path and the OS error say why)."""
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "FoxhuntError",
+    "InputError",
+    "WriteError",
+]

@@ -1,12 +1,9 @@
 """Files foxhunt writes and reads: written whole or not at all, and never able to run code.
 
 Every result file (checkpoints, exports, summary.json, status.json, predictions.parquet) is
-written to a temp file in its own directory, flushed and fsynced, then `os.replace`d over the
-destination: a reader, or a run killed at any point, sees the old file or the new one, never
-half of one. The temp file lives beside the destination, not in `$TMPDIR`, so the replace is a
-rename on one filesystem (a "move" across filesystems is a truncate-then-copy). A killed
-writer leaves a `.<name>.<pid>.foxhunt-tmp` file behind; `remove_stale_temps` clears those of
-dead processes at the next start.
+written whole or not at all, by the serving core's `atomic_file` (`foxhunt_serve.files`: a temp
+file beside it, fsynced, then replaced). A killed writer leaves a `.<name>.<pid>.foxhunt-tmp`
+file behind; `remove_stale_temps` clears those of dead processes at the next start.
 """
 
 from __future__ import annotations
@@ -16,55 +13,17 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
+from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic  # noqa: F401 - foxhunt's
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from foxhunt.errors import CheckpointError, WriteError
 
-TMP_SUFFIX = ".foxhunt-tmp"
 _TMP_NAME = re.compile(r"^\..+\.(\d+)" + re.escape(TMP_SUFFIX) + "$")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a power cut
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """An open temp file beside `path`; when the block ends without an error it is fsynced and
-    replaces `path`. Any OSError (here or in the block) is a WriteError naming `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # an unwritable directory: the error above already names it
-
-
-def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """`write(f)` into a temp file beside `path`, then replace `path` with it (see module)."""
-    with atomic_file(path) as f:
-        write(f)
 
 
 def write_text(path: str | Path, text: str) -> None:

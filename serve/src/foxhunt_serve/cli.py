@@ -7,8 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from foxhunt_serve.errors import InputError
-from foxhunt_serve.forecast import predict, write_atomic
+from foxhunt_serve.files import write_atomic
+from foxhunt_serve.forecast import predict
 
 MODEL_FILES = ("model.json", "model.onnx")  # what `foxhunt export` writes into EXPORT_DIR
 
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         out = output_path(args.out, args.data, args.export_dir, args.overwrite)
         table = predict(args.export_dir, args.data, args.all_windows, args.batch_size, args.threads)
-        write_atomic(table, out)
+        write_atomic(out, lambda f: pq.write_table(table, f))
     except (InputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import onnxruntime as ort
-
 from foxhunt_serve.errors import InputError
 
 FORMAT, FORMAT_VERSION = "foxhunt-onnx", 1
@@ -173,7 +171,10 @@ def check_schema(meta: dict[str, Any], where: Path | str) -> None:
 
 def open_session(model: bytes, meta: dict[str, Any], where: Path | str, threads: int = 0) -> Any:
     """An ONNX Runtime CPU session of `model` (`threads`: intra-op, 0: its own), which prints
-    errors only, checked to take the inputs and give the output model.json describes."""
+    errors only, checked to take the inputs and give the output model.json describes.
+    onnxruntime is imported here, where a session is made: predict's helpers need none."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3  # errors only: its warnings (CastLike not folded) are noise

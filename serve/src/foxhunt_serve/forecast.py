@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -18,9 +16,7 @@ from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.windows import Windows, build_windows
 
 
-def forecast(
-    session: ort.InferenceSession, meta: dict[str, Any], w: Windows, batch_size: int
-) -> np.ndarray:
+def forecast(session: Any, meta: dict[str, Any], w: Windows, batch_size: int) -> np.ndarray:
     """The quantiles [windows, H, Q] in the target's units, calibrated."""
     e, h = meta["encoder_length"], meta["prediction_length"]
     n_observed = len(meta["inputs"][0]["features"])
@@ -104,22 +100,3 @@ def rows_of(every: Any, latest: Any) -> np.ndarray:
     at = {(str(n), int(o)): i for i, (n, o) in enumerate(keys)}
     wanted = zip(latest.instrument, latest.origin_ns, strict=True)
     return np.array([at[(str(n), int(o))] for n, o in wanted], dtype=np.int64)
-
-
-def write_atomic(table: pa.Table, out: Path) -> None:
-    """A temp file beside `out`, fsynced, then renamed over it: whole or not there. An OSError
-    is an InputError naming `out` (not the temp file)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # an unwritable directory: the error above names it
