@@ -108,7 +108,7 @@ def test_a_failed_write_names_the_output_not_a_temp_file(plain, tmp_path):
     out = tmp_path / "gone" / "out.parquet"
     with pytest.raises(InputError, match=f"^cannot write {out}: No such file") as caught:
         files.write_atomic(out, lambda f: pq.write_table(table, f))
-    assert "tmp" not in str(caught.value)
+    assert "foxhunt-tmp" not in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["model.json", "model.onnx"])
