@@ -133,20 +133,17 @@ class Cut:
 def known_inputs(
     times: np.ndarray,
     user: dict[str, np.ndarray],
-    meta: dict[str, Any],
     known: list[str],
-    clock: Clock | None = None,
+    given: dict[str, str],
+    clock: Clock,
 ) -> np.ndarray:
-    """The known inputs [steps, known] in the model's order: a column the user gives, or the
-    calendar of the time (on model.json's clock, or `clock`: the one the bars were read on)."""
-    clock, columns = clock or Clock.of(meta["data"].get("calendar")), []
-    for k in known:
-        spec = meta["features"][k]
-        columns.append(
-            user[spec["column"]]
-            if spec["source"] == "column"
-            else calendar(times, k, clock).astype(float)
-        )
+    """The known inputs `known` [steps, known] at `times`, in the model's order: the user's
+    column `given[k]` from `user` (the rows after the data), or else the calendar encoding `k`
+    of the time on `clock` (the one the bars were read on). foxhunt's predict and the consumer
+    both take them from here."""
+    columns = [
+        user[given[k]] if k in given else calendar(times, k, clock).astype(float) for k in known
+    ]
     return np.stack(columns, axis=1) if columns else np.zeros((len(times), 0))
 
 
@@ -167,6 +164,7 @@ def build_windows(
     encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
     columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
     known = [f for f, spec in features.items() if spec["role"] == "known"]
+    given_known = {f: spec["column"] for f, spec in features.items() if spec["source"] == "column"}
     clock = Clock.of(data.get("calendar"))
     sessions = Sessions((data.get("calendar") or {}).get("sessions"))
     statics = [f for f, spec in features.items() if spec["role"] == "static"]
@@ -184,7 +182,7 @@ def build_windows(
         block = np.full((n + len(times), len(columns)), np.nan)
         block[:n] = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
         block[n:, len(columns) - len(known) :] = known_inputs(
-            times, user, meta, known, clock.dated(s.time_ns)
+            times, user, known, given_known, clock.dated(s.time_ns)
         )
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), len(static), np.int64))

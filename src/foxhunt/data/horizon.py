@@ -10,12 +10,11 @@ import numpy as np
 import pyarrow as pa
 from foxhunt_serve import read as serving
 from foxhunt_serve.clock import Clock
-from foxhunt_serve.features import calendar
 from foxhunt_serve.read import Future
+from foxhunt_serve.windows import known_inputs
 
 from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import clock_of, feature_plan
-from foxhunt.data.read import stack_columns
 from foxhunt.data.serving import data_section
 
 __all__ = ["Future", "known_at", "split_future"]
@@ -35,7 +34,7 @@ def known_at(
     features=ohlcv the calendar encodings derived from the time (on data.calendar's clock, or
     `clock`: the one the instrument's bars were read on), then data.known_features from
     `user_known`."""
-    spec, clock = ohlcv_spec_of(cfg), clock or clock_of(cfg)
-    columns = [calendar(time_ns, k, clock) for k in feature_plan(spec)[1]] if spec else []
-    columns += [user_known[k] for k in cfg.known_features]
-    return stack_columns(columns, len(time_ns))
+    spec = ohlcv_spec_of(cfg)
+    known = [*(feature_plan(spec)[1] if spec else []), *cfg.known_features]
+    given = {k: k for k in cfg.known_features}
+    return known_inputs(time_ns, user_known, known, given, clock or clock_of(cfg))
