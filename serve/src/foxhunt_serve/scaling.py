@@ -23,7 +23,7 @@ every name the pooled ones."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -144,3 +144,10 @@ def of_instruments(target: dict, vocabulary: list[str], names: np.ndarray) -> tu
     return lookup(
         target.get("means", []), target.get("stds", []), target["mean"], target["std"], group
     )
+
+
+def scale_static(target: dict, vocabulary: list[str], names: Any) -> np.ndarray:
+    """The static input `SCALE_INPUT` of each of `names` (`scale_input`, from model.json's
+    `target` as `of_instruments` reads it): 0 for a name the model has not seen, whose scale is
+    the pooled one. foxhunt's training and predict and the consumer all take it from here."""
+    return scale_input(of_instruments(target, vocabulary, np.asarray(names))[1], target["std"])

@@ -15,7 +15,7 @@ from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
 from foxhunt_serve.read import as_float, group_codes, iso_time, time_ns, zone_of
-from foxhunt_serve.scaling import SCALE_INPUT, of_instruments, scale_input
+from foxhunt_serve.scaling import SCALE_INPUT, scale_static
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -98,8 +98,7 @@ def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> S
     static = {}
     for feature, spec in features.items():
         if spec["role"] == "static" and spec["source"] == SCALE_INPUT:
-            scale = of_instruments(meta["target"], meta["instruments"], np.array([name]))[1]
-            static[feature] = float(scale_input(scale, meta["target"]["std"])[0])
+            static[feature] = float(scale_static(meta["target"], meta["instruments"], [name])[0])
         elif spec["role"] == "static":
             v = cols[spec["column"]]
             if np.ptp(v) > 0:

@@ -161,16 +161,12 @@ def build_windows(
     usable = {s.name: len(s.target) for s in series}
     short = check_history(usable, names, observed_rows, data, e, quiet)
     series = [s for s in series if s.name not in short]
-    encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
-    columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
-    known = [f for f, spec in features.items() if spec["role"] == "known"]
-    given_known = {f: spec["column"] for f, spec in features.items() if spec["source"] == "column"}
+    columns, known, given_known, statics = inputs_of(meta)
     clock = Clock.of(data.get("calendar"))
     sessions = Sessions((data.get("calendar") or {}).get("sessions"))
-    statics = [f for f, spec in features.items() if spec["role"] == "static"]
-    static, embed = [], []  # of each series with windows
+    # of each series with windows: its statics, embedding row, and rows' target centre and scale
+    static, embed, target = [], [], []
     cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
-    target = []  # each block's rows' target centre and scale (foxhunt_serve.scaling)
     for s in series:
         times, given, user = future_steps(
             s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock, sessions
@@ -208,6 +204,18 @@ def build_windows(
         embed=np.array(embed, np.int64),
         **facts,
     )
+
+
+def inputs_of(meta: dict[str, Any]) -> tuple[list[str], list[str], dict[str, str], list[str]]:
+    """model.json's encoder columns, known features (and the user's column of each one given
+    in the data) and static features, in the model's order."""
+    encoder = ("encoder_observed", "encoder_known")  # their features: the encoder's columns
+    columns = [f for spec in meta["inputs"] if spec["name"] in encoder for f in spec["features"]]
+    features = meta["features"]
+    known = [f for f, spec in features.items() if spec["role"] == "known"]
+    given = {f: spec["column"] for f, spec in features.items() if spec["source"] == "column"}
+    statics = [f for f, spec in features.items() if spec["role"] == "static"]
+    return columns, known, given, statics
 
 
 def embedding_rows(names: list[str], meta: dict[str, Any]) -> tuple[list[str], dict[str, int]]:

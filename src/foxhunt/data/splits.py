@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from foxhunt_serve.scaling import SCALE_INPUT, lookup, scale_input
+from foxhunt_serve.scaling import SCALE_INPUT, scale_static
 
 from foxhunt.config import parse_time
 from foxhunt.errors import DataError
@@ -184,13 +184,10 @@ def normalized_statics(
     columns = list(schema["static"])
     mean, std = schema["static_mean"], schema["static_std"]
     if schema.get("target_scales"):  # the target scale's input: its log, relative to the pooled
-        pooled = schema["input_mean"][0], schema["input_std"][0]
-        at = vocabulary_index(schema, names)
-        scale = lookup(schema["target_centres"], schema["target_scales"], *pooled, at)
-        statics = [
-            np.append(st, sc)
-            for st, sc in zip(statics, scale_input(scale[1], pooled[1]), strict=True)
-        ]
+        target = {"means": schema["target_centres"], "stds": schema["target_scales"]}
+        target |= {"mean": schema["input_mean"][0], "std": schema["input_std"][0]}
+        scale = scale_static(target, schema["groups"], [str(n) for n in names])
+        statics = [np.append(st, sc) for st, sc in zip(statics, scale, strict=True)]
         columns.append(SCALE_INPUT)
     static = np.zeros((len(names), len(columns)))
     for i, st in enumerate(statics):
