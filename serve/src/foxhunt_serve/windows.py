@@ -12,6 +12,7 @@ import pyarrow as pa
 from foxhunt_serve.clock import Clock, Sessions, session_steps
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.features import calendar
+from foxhunt_serve.normalize import normalize_rows
 from foxhunt_serve.read import Future, group_codes, root_of, split_future
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.series import across, load_series
@@ -189,18 +190,16 @@ def build_windows(
         target.append(np.repeat([[centre[0], scale[0]]], len(block), axis=0))
         offset += len(block)
     facts = cut.facts(data["known_columns"], "--all-windows")
-    mean, std = (np.array([features[c][k] for c in columns]) for k in ("mean", "std"))
-    static_mean, static_std = (np.array([features[f][k] for f in statics]) for k in ("mean", "std"))
-    raw, target = np.concatenate(blocks), np.concatenate(target)
-    rows = normalized(raw, mean, std, columns)
-    rows[:, 0] = normalized(raw[:, :1], target[:, :1], target[:, 1:], columns[:1])[:, 0]
+    mean, std = ([features[c][k] for c in columns] for k in ("mean", "std"))
+    static_mean, static_std = ([features[f][k] for f in statics] for k in ("mean", "std"))
+    target = np.concatenate(target)
+    rows = normalize_rows(np.concatenate(blocks), mean, std, columns, (target[:, 0], target[:, 1]))
+    static = np.array(static, float).reshape(-1, len(statics))
     return Windows(
         rows=rows,
         starts=np.concatenate(starts),
         group=np.concatenate(groups),
-        static=normalized(
-            np.array(static, float).reshape(-1, len(statics)), static_mean, static_std, statics
-        ),
+        static=normalize_rows(static, static_mean, static_std, statics),
         embed=np.array(embed, np.int64),
         **facts,
     )
@@ -229,16 +228,6 @@ def embedding_rows(names: list[str], meta: dict[str, Any]) -> tuple[list[str], d
     untrained = set(meta.get("untrained_instruments", []))
     at = {n: i for i, n in enumerate(vocab) if n not in untrained}
     return vocab, {n: at.get(n, len(vocab)) for n in names}
-
-
-def normalized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, names: list[str]) -> np.ndarray:
-    """float32((x - mean) / std), in float64; an error naming a column that overflows."""
-    with np.errstate(over="ignore"):
-        out = ((x - mean) / std).astype(np.float32)
-    beyond = np.isinf(out).any(axis=0)
-    if beyond.any():
-        raise InputError(f"column {names[int(np.argmax(beyond))]} is beyond float32 normalized")
-    return out
 
 
 def check_history(

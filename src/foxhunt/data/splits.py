@@ -5,15 +5,14 @@ that they give the same numbers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from foxhunt_serve.normalize import as_float32, check_normalized
 from foxhunt_serve.scaling import SCALE_INPUT, scale_static
 
 from foxhunt.config import parse_time
-from foxhunt.errors import DataError
 
 SPLITS = ("train", "val", "test")
 
@@ -194,42 +193,6 @@ def normalized_statics(
         static[i] = (st - mean) / np.asarray(std)
     check_normalized(as_float32(static), columns, mean, std, lambda i: names[i])
     return static
-
-
-def as_float32(x: np.ndarray) -> np.ndarray:
-    """`x` in float32, where a value beyond its range becomes inf (`check_normalized` names it)."""
-    with np.errstate(over="ignore"):
-        return x.astype(np.float32)
-
-
-def check_normalized(
-    normalized: np.ndarray,
-    columns: list[str],
-    mean: list[float],
-    std: list[float],
-    instrument_of: Callable[[int], str | None],
-) -> None:
-    """A DataError naming the column (and the instrument of `instrument_of(row)`) where the
-    normalization statistics are not finite or the float32 normalized values [rows, columns]
-    overflowed to inf: checked once when the data is set up, so that no batch carries one.
-    (NaN is not looked for: the rows read are finite, and predict's rows after the data are
-    NaN where nothing reads them.)"""
-    for c, m, s in zip(columns, mean, std, strict=True):
-        if not (np.isfinite(m) and np.isfinite(s)):
-            raise DataError(
-                f"the normalization statistics of column '{c}' are not finite (mean {m:.3g}, "
-                f"std {s:.3g}): their values must fit in float32"
-            )
-    overflow = np.isinf(normalized)
-    if not overflow.any():
-        return
-    row, col = (int(i) for i in np.argwhere(overflow)[0])
-    instrument = instrument_of(row)
-    raise DataError(
-        f"column '{columns[col]}'{f' of instrument {instrument}' if instrument else ''} is "
-        f"beyond float32's range after normalization with mean {mean[col]:.3g} and std "
-        f"{std[col]:.3g}: a value far outside the range of the training rows"
-    )
 
 
 class Moments:

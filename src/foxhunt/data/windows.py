@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from foxhunt_serve.normalize import normalize_rows as normalize_columns
 from foxhunt_serve.scaling import moments
 from torch.utils.data import Dataset
 
@@ -43,8 +44,6 @@ from foxhunt.data.splits import (
     SPLITS,
     Cuts,
     Moments,
-    as_float32,
-    check_normalized,
     embedding_rows,
     mean_std,
     normalized_statics,
@@ -215,18 +214,11 @@ def normalize_rows(
     statistics (the target's with each row's instrument's `centre` and `scale`), as
     float32. A DataError names the column (and the instrument of `instrument_of(row)`) where
     one is not finite."""
-    mean, std = schema["input_mean"], schema["input_std"]
-    target = None
-    if schema.get("target_scales"):  # each instrument on its own (foxhunt_serve.scaling)
-        target = (rows[:, 0] - centre) / scale
-    rows -= np.asarray(mean)
-    rows /= np.asarray(std)
-    if target is not None:
-        rows[:, 0] = target
-    normalized = as_float32(rows)
     columns = [schema["target"], *schema["observed"], *schema["known"]]
-    check_normalized(normalized, columns, mean, std, instrument_of)
-    return normalized
+    # each instrument on its own scale (foxhunt_serve.scaling), or every one on the pooled
+    target = (centre, scale) if schema.get("target_scales") else None
+    mean, std = schema["input_mean"], schema["input_std"]
+    return normalize_columns(rows, mean, std, columns, target, instrument_of)
 
 
 class WindowBuilder:
