@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -19,12 +19,10 @@ from foxhunt_serve.series import across, load_series
 
 
 @dataclass
-class Windows:
-    rows: np.ndarray  # [all rows, encoder columns] float32, normalized
-    starts: np.ndarray  # [N] each window's first row
-    group: np.ndarray  # [N] its series: the index of its instrument in `static` and `embed`
-    static: np.ndarray  # [series, static] float32, normalized
-    embed: np.ndarray  # [series] int64: the instrument embedding's row
+class Facts:
+    """What each of N windows is, beside its forecast: the rows of the forecast table (`Cut`
+    finds them; foxhunt's predict and the consumer hold them the same)."""
+
     instrument: np.ndarray  # [N] names
     origin_ns: np.ndarray  # [N] the last encoder row's time
     target_ns: np.ndarray  # [N, H] each forecast step's time
@@ -32,8 +30,19 @@ class Windows:
     actual: np.ndarray  # [N, H] NaN where not realised
 
 
+@dataclass
+class Windows(Facts):
+    """The consumer's windows: their facts and what the model takes."""
+
+    rows: np.ndarray  # [all rows, encoder columns] float32, normalized
+    starts: np.ndarray  # [N] each window's first row
+    group: np.ndarray  # [N] its series: the index of its instrument in `static` and `embed`
+    static: np.ndarray  # [series, static] float32, normalized
+    embed: np.ndarray  # [series] int64: the instrument embedding's row
+
+
 log = logging.getLogger(__name__)
-FACTS = ("instrument", "origin_ns", "target_ns", "target_time_known", "actual")
+FACTS = tuple(f.name for f in fields(Facts))
 
 
 def bar_interval(name: str, time_ns: np.ndarray) -> int:

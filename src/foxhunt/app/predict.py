@@ -243,16 +243,11 @@ def _schema_data_config(schema: DataSchema) -> DictConfig:
 
 
 @dataclass
-class Windows:
-    """The windows to forecast, as the model takes them, and what each row of the output
-    says about them."""
+class Windows(serving.Facts):
+    """The windows to forecast, as the model takes them (`dataset`), and what each row of the
+    output says about them (the consumer's `Facts`)."""
 
     dataset: WindowDataset
-    instrument: np.ndarray  # [N] names (object)
-    origin_ns: np.ndarray  # [N] int64: the time of the last encoder row
-    target_ns: np.ndarray  # [N, H] int64: the time of each forecast step
-    target_time_known: np.ndarray  # [N, H] bool: False where the time was continued
-    actual: np.ndarray  # [N, H] float64, NaN where not realised in the data
 
 
 def build_windows(
