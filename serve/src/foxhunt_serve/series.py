@@ -79,20 +79,47 @@ def out_of_order(time_column: str, name: str, t: np.ndarray, i: int, where: str 
     )
 
 
+def checked_rows(
+    name: str,
+    t: np.ndarray,
+    cols: dict[str, np.ndarray],
+    data: dict[str, Any],
+    locate: Callable[[int], str] = lambda row: "",
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One instrument's times and columns, checked (every value within float32's range, the
+    times strictly increasing) and with data.nan_policy applied: the rows kept. An InputError
+    names the column, row and time at fault (`locate(row)`: the file of a row, or empty).
+    foxhunt's readers and the consumer both check here."""
+    for c, v in cols.items():
+        beyond = np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)
+        if beyond.any():
+            i = int(np.argmax(beyond))
+            raise InputError(
+                f"column '{c}' of instrument {name} holds {v[i]:.3g} at its row {i}{locate(i)}, "
+                f"beyond float32's range of +-{FLOAT32_MAX:.3g}: rescale the column"
+            )
+    steps = np.diff(t)
+    if (steps <= 0).any():
+        i = int(np.argmax(steps <= 0)) + 1
+        if data["group_column"] is None and len(np.unique(t)) < len(t):  # a time twice: a panel
+            raise InputError(
+                f"time column '{data['time_column']}' repeats {iso_time(t[i])} at row {i} "
+                f"(of {len(t)}){locate(i)}: a file of several instruments needs "
+                "data.group_column=NAME (their column)"
+            )
+        raise InputError(out_of_order(data["time_column"], name, t, i, locate(i)))
+    cols, keep = non_finite(cols, data["nan_policy"], name, locate)
+    if not keep.any():  # as short as can be: an error, as a short one is, not left out unsaid
+        raise InputError(
+            f"instrument {name} has no rows left after data.nan_policy={data['nan_policy']}"
+        )
+    return t[keep], cols
+
+
 def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> Series:
     """One instrument's rows checked, NaN handled and its features made."""
     data, features = meta["data"], meta["features"]
-    for c, v in cols.items():
-        if (np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)).any():
-            raise InputError(f"column '{c}' of instrument {name} holds values beyond float32")
-    if (np.diff(t) <= 0).any():
-        raise InputError(
-            out_of_order(data["time_column"], name, t, int(np.argmax(np.diff(t) <= 0)) + 1)
-        )
-    cols, keep = non_finite(cols, data["nan_policy"], name)
-    t = t[keep]
-    if len(t) == 0:
-        raise InputError(f"instrument {name} has no rows left after the NaN policy")
+    t, cols = checked_rows(name, t, cols, data)
     warmup = 0 if data["ohlcv"] is None else min(data["ohlcv"]["warmup_rows"], len(t))
     made = _inputs(meta, name, t, cols, warmup)
     static = {}

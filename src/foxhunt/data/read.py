@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from foxhunt_serve import read as serving
 from foxhunt_serve.read import TIME_UNITS, as_float, as_text, group_codes
-from foxhunt_serve.series import iso_time, non_finite, out_of_order
+from foxhunt_serve.series import checked_rows
 
 from foxhunt.config import parse_time
 from foxhunt.data import cross_section
@@ -33,9 +33,6 @@ from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.futures import Roll, continuous_table
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import ConfigError, DataError
-
-# every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -99,29 +96,8 @@ def make_series(
     """Check one instrument's rows and derive its features.
     `locate(row)` names the file of a row (" in <path>"), or is empty."""
     cfg = plan.cfg
-    for c, v in values.items():
-        beyond = np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)
-        if beyond.any():
-            i = int(np.argmax(beyond))
-            raise DataError(
-                f"column '{c}' of instrument {name} holds {v[i]:.3g} at its row {i}{locate(i)}, "
-                f"beyond float32's range of +-{FLOAT32_MAX:.3g}: rescale the column"
-            )
-    steps = np.diff(t)
-    if (steps <= 0).any():
-        i = int(np.argmax(steps <= 0)) + 1
-        if cfg.group_column is None and len(np.unique(t)) < len(t):  # a time twice: a panel
-            raise DataError(
-                f"time column '{cfg.time_column}' repeats {iso_time(t[i])} at row {i} "
-                f"(of {len(t)}){locate(i)}: a file of several instruments needs "
-                "data.group_column=NAME (their column)"
-            )
-        raise DataError(out_of_order(cfg.time_column, name, t, i, locate(i)))
-    cols, keep = non_finite(values, cfg.nan_policy, name, locate)
-    t = t[keep]
-    if len(t) == 0:  # as short as can be: an error, as a short one is, not left out unsaid
-        policy = cfg.nan_policy
-        raise DataError(f"instrument {name} has no rows left after data.nan_policy={policy}")
+    data = {"group_column": cfg.group_column, "time_column": cfg.time_column}
+    t, cols = checked_rows(name, t, values, data | {"nan_policy": cfg.nan_policy}, locate)
     if plan.spec is not None:
         o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in OHLCV_FIELDS)
         try:
