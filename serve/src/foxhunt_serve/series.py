@@ -17,6 +17,7 @@ from foxhunt_serve.futures import continuous
 from foxhunt_serve.read import as_float, group_codes, iso_time, time_ns, zone_of
 from foxhunt_serve.scaling import SCALE_INPUT, scale_static
 
+# every value ends up in float32 tensors: a larger one is inf there (or its square in a std)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
