@@ -153,3 +153,24 @@ def test_predict_imports_onnxruntime_only_to_make_a_session():
     code = "import sys, foxhunt.app.predict; print('onnxruntime' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "False"
+
+
+def test_foxhunt_takes_the_serving_core_through_its_public_api_alone():
+    """foxhunt imports `from foxhunt_serve import ...` (its __init__'s __all__), never one of
+    its modules: those may change without foxhunt knowing."""
+    import foxhunt_serve
+
+    inside = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("foxhunt_serve"):
+                if node.module != "foxhunt_serve":
+                    inside.append(f"{path.relative_to(SRC)}: {node.module}")
+                inside += [
+                    f"{path.relative_to(SRC)}: {a.name}"
+                    for a in node.names
+                    if a.name not in foxhunt_serve.__all__
+                ]
+            elif isinstance(node, ast.Import):
+                inside += [a.name for a in node.names if a.name.startswith("foxhunt_serve.")]
+    assert inside == []

@@ -9,8 +9,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from foxhunt_serve.clock import Clock
-from foxhunt_serve.errors import InputError
+from foxhunt_serve import Clock, InputError
 
 from foxhunt.errors import ConfigError
 

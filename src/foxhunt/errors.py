@@ -6,7 +6,7 @@ it is, with no wrapper; the others are its kinds."""
 
 from __future__ import annotations
 
-from foxhunt_serve.errors import InputError, WriteError
+from foxhunt_serve import InputError, WriteError
 
 FoxhuntError = InputError  # any of them
 DataError = InputError  # the data cannot be used as configured (missing column, NaN, order)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic  # noqa: F401 - foxhunt's
+from foxhunt_serve import TMP_SUFFIX, atomic_file, write_atomic
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 

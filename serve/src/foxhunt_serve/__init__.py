@@ -25,3 +25,114 @@ The steps, one module each:
 
 Bad input is one `InputError` line; the command prints it as `error: ...` and exits 2.
 """
+
+# The public API: what foxhunt, which trains the models this package serves, takes from it
+# (tests/test_imports.py holds foxhunt to it), by step. Everything else here is internal.
+from foxhunt_serve.calibration import POOLED, in_order
+from foxhunt_serve.calibration import apply as calibrate
+from foxhunt_serve.clock import Clock, Sessions, changes, learn_open
+from foxhunt_serve.cross_section import name_of, panel
+from foxhunt_serve.errors import InputError, WriteError
+from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
+from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic
+from foxhunt_serve.forecast import output, rows_of
+from foxhunt_serve.futures import (
+    ADJUSTMENTS,
+    EXPIRED_NS,
+    MONTH_CODES,
+    PRICES,
+    ROOT_PATTERN,
+    RULES,
+    Continuous,
+    Contract,
+    Roll,
+    continuous,
+    parse_contract,
+    roll_schedule,
+    stitch,
+    third_friday,
+)
+from foxhunt_serve.normalize import as_float32, check_normalized, normalize_rows
+from foxhunt_serve.read import TIME_UNITS, Future, as_float, as_text, group_codes, split_future
+from foxhunt_serve.read import time_ns as read_time_ns
+from foxhunt_serve.scaling import (
+    SCALE_INPUT,
+    instrument_scales,
+    lookup,
+    moments,
+    pooled_scale,
+    scale_input,
+    scale_static,
+)
+from foxhunt_serve.series import checked_rows, iso_time
+from foxhunt_serve.windows import (
+    Cut,
+    Facts,
+    bar_interval,
+    check_history,
+    future_steps,
+    known_inputs,
+)
+
+__all__ = [
+    "ADJUSTMENTS",
+    "CALENDAR",
+    "Clock",
+    "Continuous",
+    "Contract",
+    "Cut",
+    "EXPIRED_NS",
+    "FAMILIES",
+    "Facts",
+    "Future",
+    "InputError",
+    "MONTH_CODES",
+    "Ohlcv",
+    "POOLED",
+    "PRICES",
+    "ROOT_PATTERN",
+    "RULES",
+    "Roll",
+    "SCALE_INPUT",
+    "Sessions",
+    "TIME_UNITS",
+    "TMP_SUFFIX",
+    "WriteError",
+    "as_float",
+    "as_float32",
+    "as_text",
+    "atomic_file",
+    "bar_interval",
+    "calendar",
+    "calibrate",
+    "changes",
+    "check_history",
+    "check_normalized",
+    "checked_rows",
+    "continuous",
+    "future_steps",
+    "group_codes",
+    "in_order",
+    "instrument_scales",
+    "iso_time",
+    "known_inputs",
+    "learn_open",
+    "lookup",
+    "moments",
+    "name_of",
+    "normalize_rows",
+    "output",
+    "panel",
+    "parse_contract",
+    "pooled_scale",
+    "read_time_ns",
+    "roll_schedule",
+    "rows_of",
+    "scale_input",
+    "scale_static",
+    "split_future",
+    "stitch",
+    "third_friday",
+    "warmup",
+    "write_atomic",
+]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from foxhunt_serve.clock import Clock
+from foxhunt_serve import Clock
 from omegaconf import DictConfig
 
 from foxhunt.config import validate

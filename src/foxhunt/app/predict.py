@@ -37,9 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
-from foxhunt_serve import windows as serving
-from foxhunt_serve.clock import Sessions
-from foxhunt_serve.forecast import output, rows_of
+from foxhunt_serve import Cut, Facts, Sessions, check_history, future_steps, output, rows_of
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.app.inference import BEFORE_CALENDAR, run_device, training_data_config
@@ -243,7 +241,7 @@ def _schema_data_config(schema: DataSchema) -> DictConfig:
 
 
 @dataclass
-class Windows(serving.Facts):
+class Windows(Facts):
     """The windows to forecast, as the model takes them (`dataset`), and what each row of the
     output says about them (the consumer's `Facts`)."""
 
@@ -281,7 +279,7 @@ def build_windows(
     )
     schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
-    short = serving.check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
+    short = check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
     series = [s for s in series if s.name not in short]
     return _cut(series, future, loaded, cfg, schema, keep, all_windows)
 
@@ -298,11 +296,11 @@ def _cut(
     """The windows of each series, normalized as the checkpoint's schema says."""
     e, h = schema.encoder_length, schema.prediction_length
     known_from = 1 + len(loaded.observed)  # the first known input's column
-    cut, builder = serving.Cut(e, h, all_windows), WindowBuilder(["predict"])
+    cut, builder = Cut(e, h, all_windows), WindowBuilder(["predict"])
     clock, sessions = clock_of(cfg), Sessions(schema.sessions)
     for s in series:
         given = future.get(s.name)
-        times, from_data, user = serving.future_steps(
+        times, from_data, user = future_steps(
             s.name, s.time_ns, given, h, list(cfg.known_features), clock, sessions
         )
         origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from foxhunt_serve.clock import Clock
+from foxhunt_serve import Clock
 
 from foxhunt.data.features import OhlcvSpec, clock_of, feature_names, ohlcv_spec
 from foxhunt.data.source import one_line

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from foxhunt_serve.cross_section import name_of, panel
+from foxhunt_serve import name_of, panel
 
 from foxhunt.errors import DataError
 

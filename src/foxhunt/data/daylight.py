@@ -17,7 +17,7 @@ Rule
 from __future__ import annotations
 
 import numpy as np
-from foxhunt_serve.clock import Clock, changes
+from foxhunt_serve import Clock, changes
 
 DAY_NS = 86_400 * 10**9
 WEEK_NS = 7 * DAY_NS

@@ -27,10 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from foxhunt_serve.clock import Clock, Sessions, learn_open
-from foxhunt_serve.errors import InputError
-from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
-from foxhunt_serve.windows import bar_interval
+from foxhunt_serve import (
+    CALENDAR,
+    FAMILIES,
+    Clock,
+    InputError,
+    Ohlcv,
+    Sessions,
+    bar_interval,
+    calendar,
+    learn_open,
+    warmup,
+)
 
 from foxhunt.errors import ConfigError, DataError
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from foxhunt_serve import futures as serving
-from foxhunt_serve.futures import (
+from foxhunt_serve import (
     ADJUSTMENTS,
     EXPIRED_NS,
     MONTH_CODES,
@@ -21,9 +20,12 @@ from foxhunt_serve.futures import (
     Continuous,
     Contract,
     Roll,
+    continuous,
     parse_contract,
     third_friday,
 )
+from foxhunt_serve import roll_schedule as serve_roll_schedule
+from foxhunt_serve import stitch as serve_stitch
 
 from foxhunt.config import parse_time
 from foxhunt.data.features import clock_of
@@ -75,7 +77,7 @@ def roll_schedule(
 ) -> list[Roll]:
     """The rolls of one root's held contract over time, factor not yet set (nan)."""
     check_roll(rule, fixed, all(c.open_interest is not None for c in contracts))
-    return serving.roll_schedule(contracts, rule, confirm_bars, days, fixed, strict)
+    return serve_roll_schedule(contracts, rule, confirm_bars, days, fixed, strict)
 
 
 def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continuous:
@@ -84,7 +86,7 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
         raise ConfigError(
             f"data.futures.roll.adjust must be one of {', '.join(ADJUSTMENTS)}, got {adjust}"
         )
-    return serving.stitch(contracts, rolls, adjust)
+    return serve_stitch(contracts, rolls, adjust)
 
 
 def futures_section(cfg: Any) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
         "ohlcv": {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")},
         "futures": futures,
     }
-    return serving.continuous(table, data)
+    return continuous(table, data)
 
 
 def rolls_table(rolls: list[Roll]) -> pa.Table:

@@ -8,10 +8,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from foxhunt_serve import read as serving
-from foxhunt_serve.clock import Clock
-from foxhunt_serve.read import Future
-from foxhunt_serve.windows import known_inputs
+from foxhunt_serve import Clock, Future, known_inputs
+from foxhunt_serve import split_future as serve_split_future
 
 from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import clock_of, feature_plan
@@ -24,7 +22,7 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     """Take off each instrument's rows after its last target value (the target, or with
     features=ohlcv the close, empty): the bars to forecast, whose known inputs may be given.
     Returns the table without them and those rows by instrument (with data.futures, by root)."""
-    return serving.split_future(table, data_section(cfg))
+    return serve_split_future(table, data_section(cfg))
 
 
 def known_at(

@@ -16,9 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from foxhunt_serve import read as serving
-from foxhunt_serve.read import TIME_UNITS, as_float, as_text, group_codes
-from foxhunt_serve.series import checked_rows
+from foxhunt_serve import TIME_UNITS, as_float, as_text, checked_rows, group_codes, read_time_ns
 
 from foxhunt.config import parse_time
 from foxhunt.data import cross_section
@@ -83,7 +81,7 @@ def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
     if cfg.time_unit is not None and cfg.time_unit not in TIME_UNITS:
         raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {cfg.time_unit!r}")
     zone = clock_of(cfg).time_zone
-    return serving.time_ns(table, cfg.time_column, cfg.time_unit, zone)
+    return read_time_ns(table, cfg.time_column, cfg.time_unit, zone)
 
 
 def make_series(

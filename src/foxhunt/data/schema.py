@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from foxhunt_serve.scaling import SCALE_INPUT, instrument_scales, lookup, pooled_scale, scale_input
+from foxhunt_serve import SCALE_INPUT, instrument_scales, lookup, pooled_scale, scale_input
 
 from foxhunt.data.columns import ColumnPlan, column_plan
 from foxhunt.data.names import resolve_data

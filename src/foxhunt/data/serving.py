@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from foxhunt_serve.scaling import SCALE_INPUT
+from foxhunt_serve import SCALE_INPUT
 
 from foxhunt.data.columns import (
     OHLCV_FIELDS,

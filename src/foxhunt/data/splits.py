@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from foxhunt_serve.normalize import as_float32, check_normalized
-from foxhunt_serve.scaling import SCALE_INPUT, scale_static
+from foxhunt_serve import SCALE_INPUT, as_float32, check_normalized, scale_static
 
 from foxhunt.config import parse_time
 

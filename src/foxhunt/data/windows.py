@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from foxhunt_serve.normalize import normalize_rows as normalize_columns
-from foxhunt_serve.scaling import moments
+from foxhunt_serve import moments
+from foxhunt_serve import normalize_rows as normalize_columns
 from torch.utils.data import Dataset
 
 from foxhunt.data.read import Loaded, Series

@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from foxhunt_serve import calibration as serving
-from foxhunt_serve.calibration import POOLED, in_order
+from foxhunt_serve import POOLED, calibrate, in_order
 
 from foxhunt.evaluation import stats
 from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, window_facts
@@ -111,7 +110,7 @@ class Calibration:
         `actual` [n, H], NaN where unknown, by `origin_ns` [n] and `target_ns` [n, H]); the
         serving core's `apply`, which predict and the ONNX consumer share."""
         cal = {**vars(self), "grid_levels": GRID}
-        return serving.apply(
+        return calibrate(
             pred, cal, self.quantiles, instrument, actual, origin_ns, target_ns, method
         )
 
