@@ -151,7 +151,7 @@ def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered
         data = ParquetDataModule(backtest.fold_config(cfg, fold).data)
         data.setup()
         test = data.datasets["test"]
-        names = [data.schema.groups[g] for g in test.group[test.starts].tolist()]
+        names = [test.series.names[g] for g in test.window_series().tolist()]
         times = test.target_times(np.arange(len(test)))
         expected = Counter(
             (name, int(t), step + 1)
@@ -241,6 +241,25 @@ def test_oos_predictions_hold_every_fold_s_test_windows_once(tmp_path, staggered
     assert f"| val_loss | {fold_summaries[0]['metrics']['val_loss']:.4g} |" in report
     for own in fold_summaries:
         assert own["splits"]["cuts"]["test_start"] in report
+
+
+@pytest.mark.slow  # 6 CPU-s: the full tier
+def test_a_name_listed_in_the_last_fold_is_forecast_and_scored_apart(tmp_path):
+    """NEW lists at bar 700 of 750, in the last fold's test period: that fold forecasts it
+    through the unseen row and its summary scores it apart (#60)."""
+    cols = make_table({"AAA": 750, "BBB": 750, "NEW": 50})
+    cols["timestamp"][cols["symbol"] == "NEW"] += 700 * FIVE_MIN
+    path = write_table(tmp_path / "listed.parquet", cols)
+    overrides = ["backtest.folds=3"]
+    cfg = compose_backtest(*tiny_overrides(path, "trainer.max_epochs=1"), *overrides)
+    out = tmp_path / "backtest"
+    out.mkdir()
+    backtest.run(cfg, out, overrides)
+    oos = pq.read_table(out / "oos_predictions.parquet")
+    new = np.array(oos["instrument"].to_pylist()) == "NEW"
+    assert new.any() and set(oos["fold"].to_numpy()[new]) == {2}
+    last = json.loads((out / "fold-2" / "summary.json").read_text())
+    assert last["metrics"]["unseen"]["names"] == ["NEW"]
 
 
 @pytest.mark.slow  # 5 CPU-s: the full tier
