@@ -115,7 +115,9 @@ def _build_plain(root: Path) -> None:
     train_path = write_table(
         root / "train.parquet", {k: v[~_last_rows(cols["symbol"], H)] for k, v in cols.items()}
     )
-    cfg = compose_train(*tiny_overrides(train_path, *BRIEF, "data.static_features=[w]"), *SMALL)
+    # with the instrument embedding (not the default): its ONNX input and its unseen row
+    embedded = ("data.static_features=[w]", "model.instrument_embedding=true")
+    cfg = compose_train(*tiny_overrides(train_path, *BRIEF, *embedded), *SMALL)
     ckpt = _trained(cfg, root / "run")
     tail = {k: v[_last_rows(cols["symbol"], TAIL)] for k, v in cols.items()}
     future = _last_rows(tail["symbol"], H)

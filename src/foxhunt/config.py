@@ -219,9 +219,9 @@ class ModelConfig:
     # the highway added before the monotone head, one weight per quantile: the order of the
     # models trained before #45 (false: one forecast added after it, to every quantile alike)
     highway_first: bool = False
-    # a row per training name, one more for a name not seen, learned by hiding the name on
-    # unseen_share of the training windows; false: no id input (foxhunt.training.module)
-    instrument_embedding: bool = True
+    # false (measured better, docs/panels.md): no id input; true: a row per training name and
+    # one for a name not seen, learned by hiding names on unseen_share of the training windows
+    instrument_embedding: bool = False
     unseen_share: float = 0.1
     # torch.compile (inductor): auto (the device's measured default, foxhunt.training.module's
     # COMPILE_BY_DEVICE), true, false, or a mode (foxhunt.checks.COMPILE_MODES); not part of

@@ -32,7 +32,8 @@ def _schema(groups: list[str]) -> DataSchema:
 
 
 def _module(**model: object) -> TFTModule:
-    cfg = {k: v for k, v in vars(ModelConfig()).items() if k != "compile"} | model
+    cfg = {k: v for k, v in vars(ModelConfig()).items() if k != "compile"}
+    cfg |= {"instrument_embedding": True} | model
     optim = {k: getattr(OptimConfig(), k) for k in ("lr", "weight_decay", "warmup_fraction")}
     optim |= {"schedule": "none", "schedule_epochs": None}
     return TFTModule(cfg, _schema(["AAA", "BBB", "CCC"]).to_dict(), optim)
