@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-import foxhunt.files as files
+import foxhunt_serve.files as files
 
 SAVE, STAGE = int(sys.argv[1]), sys.argv[2]
 saves = 0
@@ -71,7 +71,7 @@ def _replace(src, dst) -> None:
         _die()
 
 
-files.open = _open  # what foxhunt.files' atomic writer opens
+files.open = _open  # what the atomic writer opens (foxhunt_serve.files, foxhunt's too)
 os.fsync, os.replace = _fsync, _replace
 train = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 sys.argv = [str(train), *sys.argv[3:]]
