@@ -211,7 +211,7 @@ def _parity(session, model, dataset, schema, batch: int) -> tuple[float, float]:
     """(largest absolute, relative) difference of ONNX Runtime against `model` on `batch`
     windows of `dataset` (cycled through when it holds fewer)."""
     windows = dataset.__getitems__([i % len(dataset) for i in range(batch)])
-    got = session.run(["quantiles"], onnx_feed(windows, schema))[0]
+    got = session.run(["quantiles"], onnx_feed(windows, schema, model.instrument_rows))[0]
     with torch.no_grad():
         want = model(windows).numpy()
     return difference(got, want)

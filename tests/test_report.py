@@ -68,8 +68,8 @@ def test_report_run_writes_interpretation_report_and_plots(trained):
         trained["cfg"], run_dir, trained["summary"], trained["module"], trained["dm"]
     )
     result = json.loads((run_dir / "interpretation.json").read_text())
-    names = variable_names(trained["module"].schema)
-    assert names["static"] == ["instrument", "target_scale"]
+    names = variable_names(trained["module"].schema, trained["module"].model)
+    assert names["static"] == ["target_scale"]  # no instrument embedding (the default)
     assert names["encoder"] == ["y (target)", "f1", "f2", "k1", "relative time"]
     assert names["decoder"] == ["k1", "relative time"]
     for net, expected in names.items():

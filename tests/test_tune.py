@@ -44,6 +44,7 @@ TINY = (
     "model.hidden_dim=8",
     "model.num_heads=2",
     "model.variable_dim=4",
+    "model.instrument_embedding=true",  # the recipe these studies' pinned outcomes hold for
     "optim.schedule_steps=40",
     "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",

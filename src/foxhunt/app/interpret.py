@@ -45,10 +45,12 @@ def have_matplotlib() -> bool:
     return True
 
 
-def variable_names(schema: DataSchema) -> dict[str, list[str]]:
-    """The inputs of each variable selection network, in the model's order."""
+def variable_names(schema: DataSchema, model: torch.nn.Module) -> dict[str, list[str]]:
+    """The inputs of each variable selection network of the TFT `model`, in its order (the
+    instrument's embedding first, where it has one)."""
+    embedded = getattr(model, "instrument_rows", len(schema.groups)) > 0
     return {
-        "static": (["instrument"] if schema.groups else []) + schema.static_inputs,
+        "static": (["instrument"] if embedded else []) + schema.static_inputs,
         "encoder": [f"{schema.target} (target)", *schema.observed, *schema.known, "relative time"],
         "decoder": [*schema.known, "relative time"],
     }
@@ -61,9 +63,10 @@ def _median_index(quantiles: list[float]) -> int:
 class _Sums:
     """Running sums over the test windows: memory does not grow with the split."""
 
-    def __init__(self, schema: DataSchema, quantiles: list[float]) -> None:
+    def __init__(
+        self, schema: DataSchema, names: dict[str, list[str]], quantiles: list[float]
+    ) -> None:
         e, h = schema.encoder_length, schema.prediction_length
-        names = variable_names(schema)
         self.median_index = _median_index(quantiles)
         self.windows = 0
         self.steps = 0  # windows x horizon steps
@@ -128,7 +131,7 @@ def interpret(
     model.eval()
     precision_of(module.hparams).for_inference(model)  # as the test split is scored
     device = module.device
-    sums = _Sums(schema, quantiles)
+    sums = _Sums(schema, variable_names(schema, model), quantiles)
     instrument_of_window = dataset.window_series()  # for the fan chart
     try:
         with torch.no_grad():
@@ -139,7 +142,7 @@ def interpret(
     finally:
         model.train(was_training)
 
-    result = _summarize(sums, schema, quantiles)
+    result = _summarize(sums, schema, variable_names(schema, model), quantiles)
     result["forecast_windows"] = fan
     result["plots"] = {}
     if plots and have_matplotlib():
@@ -155,9 +158,10 @@ def interpret(
     return result
 
 
-def _summarize(sums: _Sums, schema: DataSchema, quantiles: list[float]) -> dict[str, Any]:
+def _summarize(
+    sums: _Sums, schema: DataSchema, names: dict[str, list[str]], quantiles: list[float]
+) -> dict[str, Any]:
     e, h = schema.encoder_length, schema.prediction_length
-    names = variable_names(schema)
     rows = {"static": sums.windows, "encoder": sums.windows * e, "decoder": sums.windows * h}
     importance = {
         net: {
