@@ -140,10 +140,12 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "xs_demean, embedding, unseen row (default)": (
                 "data.target_transform=xs_demean",
                 "model.unseen_share=0.1",
+                "model.instrument_embedding=true",
             ),
             "xs_demean, embedding, no names hidden": (
                 "data.target_transform=xs_demean",
                 "model.unseen_share=0",
+                "model.instrument_embedding=true",
             ),
             "xs_demean, no embedding": (
                 "data.target_transform=xs_demean",
@@ -154,7 +156,10 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
     "unseen_controls": (  # the positive controls with the embedding and without
         tuple(f"control_{name}" for name in CONTROLS),
         {
-            "embedding, unseen row (default)": ("model.unseen_share=0.1",),
+            "embedding, unseen row (default)": (
+                "model.unseen_share=0.1",
+                "model.instrument_embedding=true",
+            ),
             "no embedding": ("model.instrument_embedding=false",),
         },
     ),
