@@ -165,10 +165,7 @@ class DataSchema:
                 )
         new = [g for g in other.groups if g not in self.groups]
         if new and not unseen:
-            raise CheckpointError(
-                f"instruments unknown to the checkpoint: {', '.join(new)} (a model saved "
-                "before foxhunt forecast unseen names; retrain it to forecast them)"
-            )
+            raise CheckpointError(f"instruments unknown to the checkpoint: {', '.join(new)}")
 
 
 CONSTANT = "constant over the training split"
