@@ -49,11 +49,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from foxhunt_serve import MONTH_CODES, Roll, third_friday
 from omegaconf import OmegaConf
 
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.futures import MONTH_CODES, Roll, continuous_table, third_friday
+from foxhunt.data.futures import continuous_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY_NS = 86_400 * 10**9

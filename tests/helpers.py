@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from filelock import FileLock
+from foxhunt_serve import MONTH_CODES, Contract, third_friday
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -34,7 +35,6 @@ from foxhunt.app.train import train
 from foxhunt.conf import CONF_DIR
 from foxhunt.config import DataConfig, register_configs
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.futures import MONTH_CODES, Contract, third_friday
 from foxhunt.evaluation.controls import baseline_forecasts, make_control, score
 from foxhunt.models import TemporalFusionTransformer
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from foxhunt_serve.clock import Clock
-from foxhunt_serve.windows import future_steps
+from foxhunt_serve.windows import future_steps, known_inputs
 from omegaconf import OmegaConf
 
 import foxhunt
@@ -22,7 +22,7 @@ from foxhunt.app.inference import training_data_config
 from foxhunt.app.predict import _schema_data_config, build_windows
 from foxhunt.app.train import train
 from foxhunt.data.features import clock_of, derive_features
-from foxhunt.data.horizon import Future, known_at
+from foxhunt.data.horizon import Future, known_of
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
@@ -222,7 +222,7 @@ def test_future_times_continue_at_the_bar_interval():
     assert from_data.tolist() == [True, False, False] and user == {}
     ones = np.ones(3)
     calendar = derive_features(times, ones, ones, ones, ones, ones, clock=clock_of(cfg)).known
-    known = known_at(cfg, times, user)
+    known = known_inputs(times, user, *known_of(cfg), clock_of(cfg))
     np.testing.assert_array_equal(known, np.column_stack(list(calendar.values())))
 
 
@@ -296,14 +296,14 @@ def test_round_the_clock_bars_tick_through_a_change(zone, month):
 
 
 def test_known_inputs_after_the_data_are_on_the_data_calendar():
-    """known_at on a New York clock: the calendar of derive_features on that clock, not UTC's."""
+    """The known inputs on a New York clock: derive_features' calendar on it, not UTC's."""
     cfg = OmegaConf.merge(compose_train().data, {"known_features": []})
     cfg.calendar.time_zone = "America/New_York"
     times = session_times("America/New_York", "2026-03-06", "2026-03-09", ("15:50", "16:00"))
     ones = np.ones(len(times))
     clock = clock_of(cfg)
     want = derive_features(times, ones, ones, ones, ones, ones, clock=clock).known
-    known = known_at(cfg, times, {})
+    known = known_inputs(times, {}, *known_of(cfg), clock)
     np.testing.assert_array_equal(known, np.column_stack(list(want.values())))
     utc = derive_features(times, ones, ones, ones, ones, ones).known
     assert not np.allclose(known, np.column_stack(list(utc.values())))

@@ -14,22 +14,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve import MONTH_CODES, Contract, Roll, parse_contract, third_friday
 
 import foxhunt
 from foxhunt.app.interpret import _roll_marks
 from foxhunt.app.report_markdown import rolls_section as _rolls_section
 from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.futures import (
-    MONTH_CODES,
-    Contract,
-    Roll,
-    continuous_table,
-    parse_contract,
-    roll_schedule,
-    stitch,
-    third_friday,
-)
+from foxhunt.data.futures import continuous_table, roll_schedule, stitch
 from foxhunt.errors import ConfigError, DataError
 from tests.helpers import (
     DAY,

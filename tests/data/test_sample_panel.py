@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from foxhunt_serve import ROOT_PATTERN, parse_contract
 
 from foxhunt.data import sample as sample_module
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.futures import ROOT_PATTERN, parse_contract
 from foxhunt.data.sample import (
     PANEL_DAYS,
     PANEL_END,

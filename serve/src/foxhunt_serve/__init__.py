@@ -64,7 +64,7 @@ from foxhunt_serve.scaling import (
     scale_input,
     scale_static,
 )
-from foxhunt_serve.series import checked_rows, iso_time
+from foxhunt_serve.series import Series, checked_rows, iso_time, make_series
 from foxhunt_serve.windows import (
     Cut,
     Facts,
@@ -72,6 +72,7 @@ from foxhunt_serve.windows import (
     check_history,
     future_steps,
     known_inputs,
+    series_rows,
 )
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "RULES",
     "Roll",
     "SCALE_INPUT",
+    "Series",
     "Sessions",
     "TIME_UNITS",
     "TMP_SUFFIX",
@@ -118,6 +120,7 @@ __all__ = [
     "known_inputs",
     "learn_open",
     "lookup",
+    "make_series",
     "moments",
     "name_of",
     "normalize_rows",
@@ -130,6 +133,7 @@ __all__ = [
     "rows_of",
     "scale_input",
     "scale_static",
+    "series_rows",
     "split_future",
     "stitch",
     "third_friday",

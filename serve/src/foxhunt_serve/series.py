@@ -117,10 +117,19 @@ def checked_rows(
     return t[keep], cols
 
 
-def make_series(meta: dict[str, Any], name: str, t: np.ndarray, cols: dict) -> Series:
-    """One instrument's rows checked, NaN handled and its features made."""
+def make_series(
+    meta: dict[str, Any],
+    name: str,
+    t: np.ndarray,
+    cols: dict,
+    locate: Callable[[int], str] = lambda row: "",
+) -> Series:
+    """One instrument's rows checked, NaN handled and its features made, for training (foxhunt's
+    column plan as a `meta`), predict and the consumer (model.json) alike: `meta["data"]`'s
+    columns, NaN policy, OHLCV columns and calendar, `meta["features"]`' roles and sources, and
+    `meta["target"]["name"]`. `locate(row)` names the file of a row (" in <path>"), or is empty."""
     data, features = meta["data"], meta["features"]
-    t, cols = checked_rows(name, t, cols, data)
+    t, cols = checked_rows(name, t, cols, data, locate)
     warmup = 0 if data["ohlcv"] is None else min(data["ohlcv"]["warmup_rows"], len(t))
     made = _inputs(meta, name, t, cols, warmup)
     static = {}

@@ -157,6 +157,18 @@ def known_inputs(
     return np.stack(columns, axis=1) if columns else np.zeros((len(times), 0))
 
 
+def series_rows(history: np.ndarray, known_after: np.ndarray) -> np.ndarray:
+    """One series' float64 rows to cut windows from: its `history` [rows, columns] (the target
+    first, the known inputs last), then the steps after it with only their known inputs
+    `known_after` [steps, known] (`known_inputs`), NaN elsewhere. foxhunt's predict and the
+    consumer both make them here."""
+    (n, width), steps = history.shape, len(known_after)
+    rows = np.full((n + steps, width), np.nan)
+    rows[:n] = history
+    rows[n:, width - known_after.shape[1] :] = known_after
+    return rows
+
+
 def build_windows(
     table: pa.Table, meta: dict[str, Any], all_windows: bool, path: str, quiet: bool = False
 ) -> Windows:
@@ -184,12 +196,9 @@ def build_windows(
         origins, _ = cut.origins(s.name, s.time_ns, s.target, times, given)
         if len(origins) == 0:
             continue
-        n = len(s.target)
-        block = np.full((n + len(times), len(columns)), np.nan)
-        block[:n] = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
-        block[n:, len(columns) - len(known) :] = known_inputs(
-            times, user, known, given_known, clock.dated(s.time_ns)
-        )
+        history = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
+        after = known_inputs(times, user, known, given_known, clock.dated(s.time_ns))
+        block = series_rows(history, after)
         starts.append(offset + origins - e + 1)
         groups.append(np.full(len(origins), len(static), np.int64))
         static.append([s.static[f] for f in statics])

@@ -37,7 +37,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
-from foxhunt_serve import Cut, Facts, Sessions, check_history, future_steps, output, rows_of
+from foxhunt_serve import (
+    Cut,
+    Facts,
+    Sessions,
+    check_history,
+    future_steps,
+    known_inputs,
+    output,
+    rows_of,
+    series_rows,
+)
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.app.inference import BEFORE_CALENDAR, run_device, training_data_config
@@ -45,7 +55,7 @@ from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import resolve_intraday
 from foxhunt.data.features import KNOWN_CALENDAR, clock_of
-from foxhunt.data.horizon import Future, known_at, split_future
+from foxhunt.data.horizon import Future, known_of, split_future
 from foxhunt.data.names import resolve_names
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema, drop_features
@@ -295,9 +305,9 @@ def _cut(
 ) -> Windows:
     """The windows of each series, normalized as the checkpoint's schema says."""
     e, h = schema.encoder_length, schema.prediction_length
-    known_from = 1 + len(loaded.observed)  # the first known input's column
     cut, builder = Cut(e, h, all_windows), WindowBuilder(["predict"])
     clock, sessions = clock_of(cfg), Sessions(schema.sessions)
+    known, given_known = known_of(cfg)
     for s in series:
         given = future.get(s.name)
         times, from_data, user = future_steps(
@@ -306,9 +316,8 @@ def _cut(
         origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)
         if len(origins) == 0:
             continue
-        rows = np.full((len(time_all), known_from + len(loaded.known)), np.nan)
-        rows[: len(s.target)] = encoder_rows(s)
-        rows[len(s.target) :, known_from:] = known_at(cfg, times, user, clock.dated(s.time_ns))
+        after = known_inputs(times, user, known, given_known, clock.dated(s.time_ns))
+        rows = series_rows(encoder_rows(s), after)
         builder.add(s.name, rows, time_all, [origins - e + 1], s.static)
     facts = cut.facts(list(cfg.known_features), "predict.all_windows=true")
     arrays = builder.normalize(schema.to_dict(), keep)

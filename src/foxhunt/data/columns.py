@@ -9,9 +9,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from foxhunt_serve import Clock
 
-from foxhunt.data.features import OhlcvSpec, clock_of, feature_names, ohlcv_spec
+from foxhunt.data.features import (
+    OhlcvSpec,
+    clock_of,
+    feature_names,
+    feature_plan,
+    ohlcv_spec,
+    warmup_of,
+)
 from foxhunt.data.source import one_line
 from foxhunt.errors import DataError
 
@@ -211,13 +217,23 @@ class ColumnPlan:
     values: list[str]  # the numeric columns read
     spec: OhlcvSpec | None
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
-    clock: Clock  # data.calendar: the time zone the calendar features are computed in
+    # how `foxhunt_serve.make_series` makes each series' inputs, as model.json tells predict
+    meta: dict[str, Any]
 
 
 def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
     """The role of every configured column, from the dataset's schema alone (no rows read)."""
     observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
     model_observed, model_known = model_inputs(cfg, observed, known)
+    sources = feature_sources(cfg, target, model_observed, model_known)
+    sources |= {s: {"role": "static", "source": "column", "column": s} for s in static}
+    data = {
+        "time_column": cfg.time_column,
+        "group_column": cfg.group_column,
+        "nan_policy": str(cfg.nan_policy),
+        "ohlcv": ohlcv_section(cfg),
+        "calendar": clock_of(cfg).section(),
+    }
     return ColumnPlan(
         cfg=cfg,
         observed=model_observed,
@@ -230,5 +246,45 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
         values=values,
         spec=ohlcv_spec_of(cfg),
         skipped=skipped_columns(dataset.schema, cfg),
-        clock=clock_of(cfg),
+        meta={"data": data, "features": sources, "target": {"name": target}},
     )
+
+
+def ohlcv_section(cfg: Any) -> dict[str, Any] | None:
+    """model.json's `data.ohlcv`: the OHLCV columns and the warm-up rows the derived features
+    drop (none: data.features is not ohlcv)."""
+    spec = ohlcv_spec_of(cfg)
+    if spec is None:
+        return None
+    return {f: str(getattr(cfg.ohlcv, f)) for f in OHLCV_FIELDS} | {"warmup_rows": warmup_of(spec)}
+
+
+def feature_sources(
+    cfg: Any,
+    target: str,
+    observed: list[str],
+    known: list[str],
+    bases: dict[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The target's and every observed and known input's role and source, by name: a `column`
+    of the file, a `derived` OHLCV feature of a family and window, the `calendar` of the bar's
+    time, or the `cross_section` of the input `bases[name]` (`foxhunt_serve.series` makes
+    each)."""
+    spec = ohlcv_spec_of(cfg)
+    derived, calendar = feature_plan(spec) if spec is not None else ([], [])
+    spec_of = {f"{fam}_{w}": (fam, w) for fam, w in derived}
+    roles = [("target", target), *(("observed", c) for c in observed)]
+    out = {}
+    for role, name in roles + [("known", c) for c in known]:
+        if role == "target" and cfg.target is None:
+            source = {"source": "derived", "family": OHLCV_TARGET}
+        elif name in spec_of:
+            source = {"source": "derived", "family": spec_of[name][0], "window": spec_of[name][1]}
+        elif name in calendar:
+            source = {"source": "calendar"}
+        elif role == "observed" and name in (bases or {}):
+            source = {"source": "cross_section", "of": bases[name]}
+        else:
+            source = {"source": "column", "column": name}
+        out[name] = {"role": role, **source}
+    return out

@@ -10,20 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from foxhunt_serve import (
-    ADJUSTMENTS,
-    EXPIRED_NS,
-    MONTH_CODES,
-    PRICES,
-    ROOT_PATTERN,
-    RULES,
-    Continuous,
-    Contract,
-    Roll,
-    continuous,
-    parse_contract,
-    third_friday,
-)
+from foxhunt_serve import ADJUSTMENTS, PRICES, RULES, Continuous, Contract, Roll, continuous
 from foxhunt_serve import roll_schedule as serve_roll_schedule
 from foxhunt_serve import stitch as serve_stitch
 
@@ -32,23 +19,12 @@ from foxhunt.data.features import clock_of
 from foxhunt.errors import ConfigError
 
 __all__ = [
-    "ADJUSTMENTS",
-    "EXPIRED_NS",
-    "MONTH_CODES",
-    "PRICES",
     "ROLLS",
-    "ROOT_PATTERN",
-    "RULES",
-    "Continuous",
-    "Contract",
-    "Roll",
     "continuous_table",
     "futures_section",
-    "parse_contract",
     "roll_schedule",
     "rolls_table",
     "stitch",
-    "third_friday",
 ]
 ROLLS = "rolls.csv"  # the roll schedule, in a run directory
 

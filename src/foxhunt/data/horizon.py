@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-from foxhunt_serve import Clock, Future, known_inputs
+from foxhunt_serve import Future
 from foxhunt_serve import split_future as serve_split_future
 
 from foxhunt.data.columns import ohlcv_spec_of
-from foxhunt.data.features import clock_of, feature_plan
+from foxhunt.data.features import feature_plan
 from foxhunt.data.serving import data_section
 
-__all__ = ["Future", "known_at", "split_future"]
+__all__ = ["Future", "known_of", "split_future"]
 
 
 def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]]:
@@ -25,14 +24,9 @@ def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]
     return serve_split_future(table, data_section(cfg))
 
 
-def known_at(
-    cfg: Any, time_ns: np.ndarray, user_known: dict[str, np.ndarray], clock: Clock | None = None
-) -> np.ndarray:
-    """The model's known inputs [rows, known] at `time_ns` (bars after the data): with
-    features=ohlcv the calendar encodings derived from the time (on data.calendar's clock, or
-    `clock`: the one the instrument's bars were read on), then data.known_features from
-    `user_known`."""
+def known_of(cfg: Any) -> tuple[list[str], dict[str, str]]:
+    """The model's known inputs, in its order (with features=ohlcv the calendar encodings, then
+    data.known_features), and the column each one given in the data is read from."""
     spec = ohlcv_spec_of(cfg)
     known = [*(feature_plan(spec)[1] if spec else []), *cfg.known_features]
-    given = {k: k for k in cfg.known_features}
-    return known_inputs(time_ns, user_known, known, given, clock or clock_of(cfg))
+    return known, {k: k for k in cfg.known_features}

@@ -16,19 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from foxhunt_serve import TIME_UNITS, as_float, as_text, checked_rows, group_codes, read_time_ns
+from foxhunt_serve import TIME_UNITS, Roll, as_float, as_text, group_codes, read_time_ns
+from foxhunt_serve import make_series as serve_series
 
 from foxhunt.config import parse_time
 from foxhunt.data import cross_section
 from foxhunt.data.columns import (
-    OHLCV_FIELDS,
     ColumnPlan,
     check_files,
     column_plan,
     futures_enabled,
 )
-from foxhunt.data.features import clock_of, derive_features
-from foxhunt.data.futures import Roll, continuous_table
+from foxhunt.data.features import clock_of
+from foxhunt.data.futures import continuous_table
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import ConfigError, DataError
 
@@ -91,49 +91,19 @@ def make_series(
     values: dict[str, np.ndarray],
     locate: Callable[[int], str] = lambda row: "",
 ) -> Series:
-    """Check one instrument's rows and derive its features.
+    """Check one instrument's rows and derive its features, as predict and the consumer do
+    (`foxhunt_serve.make_series` of the plan's `meta`), in the plan's column order.
     `locate(row)` names the file of a row (" in <path>"), or is empty."""
-    cfg = plan.cfg
-    data = {"group_column": cfg.group_column, "time_column": cfg.time_column}
-    t, cols = checked_rows(name, t, values, data | {"nan_policy": cfg.nan_policy}, locate)
-    if plan.spec is not None:
-        o, h, lo, c, v = (cols[getattr(cfg.ohlcv, f)] for f in OHLCV_FIELDS)
-        try:
-            derived = derive_features(t, o, h, lo, c, v, plan.spec, plan.clock)
-        except DataError as exc:
-            raise DataError(f"{exc} in instrument {name}") from None
-        w = derived.warmup
-        known = list(derived.known.values()) + [cols[k] for k in plan.user_known]
-        extra = [cols[c] for c in plan.extra]
-        obs = stack_columns([*derived.observed.values(), *extra], len(t))[w:]
-        kn = stack_columns(known, len(t))[w:]
-        y = cols[plan.target][w:] if cfg.target is not None else derived.target[w:]
-        t = t[w:]
-    else:
-        obs = stack_columns([cols[c] for c in plan.observed], len(t))
-        kn = stack_columns([cols[k] for k in plan.known], len(t))
-        y = cols[plan.target]
-    st = np.array([cols[s][0] for s in plan.static], dtype=np.float64)
-    for s in plan.static:
-        if np.ptp(cols[s]) > 0:
-            raise DataError(f"static feature '{s}' varies within instrument {name}")
-    _check_finite(plan, name, obs, kn, y)
-    return Series(name, t, obs, kn, st, y)
-
-
-def _check_finite(
-    plan: ColumnPlan, name: str, obs: np.ndarray, kn: np.ndarray, y: np.ndarray
-) -> None:
-    """Every input and target value of a series after the warm-up is finite."""
-    for label, block, names in (
-        ("feature", obs, plan.observed),
-        ("known feature", kn, plan.known),
-        ("target", y[:, None], [plan.target]),
-    ):
-        finite = np.isfinite(block).all(axis=0)
-        if not finite.all():
-            bad = [names[i] for i in np.flatnonzero(~finite)]
-            raise DataError(f"derived {label}(s) {', '.join(bad)} not finite in {name}")
+    made = serve_series(plan.meta, name, t, values, locate)
+    rows = len(made.target)
+    return Series(
+        name,
+        made.time_ns,
+        stack_columns([made.features[c] for c in plan.observed], rows),
+        stack_columns([made.features[k] for k in plan.known], rows),
+        np.array([made.static[s] for s in plan.static], dtype=np.float64),
+        made.target,
+    )
 
 
 def read_data(cfg: Any) -> Loaded:

@@ -13,12 +13,12 @@ from foxhunt_serve import SCALE_INPUT
 
 from foxhunt.data.columns import (
     OHLCV_FIELDS,
-    OHLCV_TARGET,
     column_plan,
+    feature_sources,
     futures_enabled,
-    ohlcv_spec_of,
+    ohlcv_section,
 )
-from foxhunt.data.features import clock_of, feature_plan, warmup_of
+from foxhunt.data.features import clock_of
 from foxhunt.data.futures import futures_section
 from foxhunt.data.schema import DataSchema
 
@@ -29,11 +29,6 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
     rows the derived features drop, the futures roll, the exchange's clock (`calendar`: its
     time zone, cash close, session rule, holidays, exchange and, with `schema`, the sessions
     learned in training)."""
-    spec = ohlcv_spec_of(cfg)
-    ohlcv = None
-    if spec is not None:
-        ohlcv = {f: str(getattr(cfg.ohlcv, f)) for f in OHLCV_FIELDS}
-        ohlcv["warmup_rows"] = warmup_of(spec)
     section = {
         "time_column": cfg.time_column,
         "time_unit": None if cfg.time_unit is None else str(cfg.time_unit),
@@ -42,7 +37,7 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
         "known_columns": list(cfg.known_features),  # given in the rows to forecast too
         "nan_policy": str(cfg.nan_policy),
         "columns_read": None if schema is None else columns_read(cfg, schema),
-        "ohlcv": ohlcv,
+        "ohlcv": ohlcv_section(cfg),
         "futures": futures_section(cfg) if futures_enabled(cfg) else None,
         "calendar": clock_of(cfg).section(),
         # foxhunt_serve.cross_section: the inputs (their names and bases in `features`) and
@@ -61,24 +56,11 @@ def features(schema: DataSchema, cfg: Any) -> dict[str, dict[str, Any]]:
     """Every input feature by name: its role, where it comes from (a `column` of the file, a
     `derived` OHLCV feature of a family and window, the `calendar` of the bar's time), and its
     normalization statistics."""
-    spec = ohlcv_spec_of(cfg)
-    derived, calendar = feature_plan(spec) if spec is not None else ([], [])
-    spec_of = {f"{fam}_{w}": (fam, w) for fam, w in derived}
-    out: dict[str, dict[str, Any]] = {}
-    roles = [("target", schema.target), *(("observed", c) for c in schema.observed)]
-    roles += [("known", c) for c in schema.known]
-    for (role, name), mean, std in zip(roles, schema.input_mean, schema.input_std, strict=True):
-        if role == "target" and cfg.target is None:
-            source = {"source": "derived", "family": OHLCV_TARGET}
-        elif name in spec_of:
-            source = {"source": "derived", "family": spec_of[name][0], "window": spec_of[name][1]}
-        elif name in calendar:
-            source = {"source": "calendar"}
-        elif role == "observed" and (base := _across(name, cfg, schema)):
-            source = {"source": "cross_section", "of": base}
-        else:
-            source = {"source": "column", "column": name}
-        out[name] = {"role": role, **source, "mean": float(mean), "std": float(std)}
+    bases = {c: b for c in schema.observed if (b := _across(c, cfg, schema))}
+    out = feature_sources(cfg, schema.target, schema.observed, schema.known, bases)
+    stats = zip(out.values(), schema.input_mean, schema.input_std, strict=True)
+    for spec, mean, std in stats:
+        spec |= {"mean": float(mean), "std": float(std)}
     statics = zip(schema.static_inputs, schema.static_mean, schema.static_std, strict=True)
     for name, mean, std in statics:
         if name in schema.static:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from foxhunt_serve import Roll
 from omegaconf import OmegaConf
 
 from foxhunt.data.columns import model_inputs, resolve_columns
-from foxhunt.data.futures import Roll
 from foxhunt.data.read import timeline
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import SPLITS, calendar_cuts
