@@ -1,33 +1,63 @@
-"""foxhunt's one C extension, the fused variable selection's CPU kernels
-(src/foxhunt/models/_vsn_kernels.c); everything else is in pyproject.toml.
+"""foxhunt's one C extension, the CPU kernels (src/foxhunt/models/_vsn_kernels.c, its Python
+module _vsn_module.c); everything else is in pyproject.toml.
 
 Built three times: for any CPU, and for x86-64 CPUs with AVX2 and with AVX-512, each with the
-vector width of its registers (`foxhunt.models.cpu_kernels.library` loads the widest this CPU
-runs). Optional: where no C compiler (or no OpenMP, or no x86-64) is found, pip installs
-foxhunt without what failed and the selection runs its PyTorch path
-(`foxhunt.models.cpu_kernels.available`). Linux only: elsewhere the compilers at hand differ in
+vector width of its registers (`foxhunt.models.cpu_kernels` loads the widest this CPU runs).
+Each build is stamped with the sha256 of the sources (`SOURCE`), which the loader compares with
+the sources beside an editable install: a build older than its source is not run.
+
+Optional: where no C compiler with OpenMP is found, or it cannot target a build's CPU level
+(-march=x86-64-v3/v4 needs GCC 11 or clang 12), pip installs foxhunt without what failed, says
+so in one line, and the kernels' callers run their PyTorch paths; a run's summary says which
+(`foxhunt.models.cpu_kernels.status`). Linux only: elsewhere the compilers at hand differ in
 OpenMP support, and the kernels are measured on Linux alone.
 """
 
+import hashlib
 import platform
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
+HERE = Path(__file__).parent / "src" / "foxhunt" / "models"
+SOURCES = sorted(HERE.glob("_vsn_*.c"))
+STAMP = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
 FLAGS = ["-O3", "-fopenmp"]
 BUILDS = {"": []}  # module suffix: its -march
 if platform.machine() in ("x86_64", "AMD64"):
     BUILDS |= {"_avx2": ["-march=x86-64-v3"], "_avx512": ["-march=x86-64-v4"]}
 
+
+class OptionalBuild(build_ext):
+    """Each kernel build that fails is left out with one line saying which and why."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001 (a compiler's error, whatever its type)
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            print(
+                f"foxhunt: the CPU kernels {ext.name} were not built ({reason}); training runs "
+                "the PyTorch path where they would have run (needs gcc >= 11 or clang >= 12 "
+                "with OpenMP)",
+                file=sys.stderr,
+            )
+
+
 kernels = [
     Extension(
         f"foxhunt.models._vsn_kernels{suffix}",
         [f"src/foxhunt/models/_vsn_kernels{suffix}.c"],
-        depends=["src/foxhunt/models/_vsn_kernels.c"],
+        depends=[str(p.relative_to(Path(__file__).parent)) for p in SOURCES],
+        define_macros=[("KERNELS_SOURCE", f'"{STAMP}"')],
         extra_compile_args=FLAGS + march,
         extra_link_args=["-fopenmp"],
-        optional=True,
     )
     for suffix, march in BUILDS.items()
 ]
-setup(ext_modules=kernels if sys.platform.startswith("linux") else [])
+setup(
+    ext_modules=kernels if sys.platform.startswith("linux") else [],
+    cmdclass={"build_ext": OptionalBuild},
+)

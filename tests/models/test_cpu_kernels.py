@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from foxhunt.models import cpu_kernels, fused_vsn
+from foxhunt.models import cpu_kernels, fused_vsn, vsn_ops
 from foxhunt.models.blocks import GateAddNorm
 from foxhunt.models.dropout import keep_scale
 from foxhunt.models.fused_vsn import selected_grns
@@ -54,7 +54,7 @@ def float32(args):
 def kernel_mask(n: int, rows: int, dh: int, seed: int, p: float) -> torch.Tensor:
     """The kernels' dropout mask [n, rows, dh] as 0/1, from the seed the fused path drew."""
     keep = torch.ones(n, rows, dh)
-    cpu_kernels.bias_dropout(keep, None, 0, seed, p)
+    vsn_ops.bias_dropout(keep, None, 0, seed, p)
     return keep
 
 
@@ -76,12 +76,12 @@ def test_the_model_loads_the_build_of_its_cpus_registers(build):
     """The widest vectors this CPU has: GCC turns a comparison of vectors wider than the
     registers into one scalar compare per element (16-float vectors on an AVX2 CPU ran the
     selection 2-3x slower than PyTorch)."""
-    level = cpu_kernels.load("_vsn_kernels").vsn_x86_level()
+    level = cpu_kernels.load("_vsn_kernels").x86_level()
     widest = cpu_kernels.load(cpu_kernels.builds()[0])
-    assert widest.vsn_vector_width() == {4: 16, 3: 8}.get(level, 4)
+    assert widest.VECTOR_WIDTH == {4: 16, 3: 8}.get(level, 4)
     assert LOADED is widest
     assert (
-        cpu_kernels.library().vsn_vector_width()
+        cpu_kernels.library().VECTOR_WIDTH
         == {"_vsn_kernels_avx512": 16, "_vsn_kernels_avx2": 8, "_vsn_kernels": 4}[build]
     )
 
@@ -143,7 +143,7 @@ def test_masks_keep_the_rate_and_differ_by_variable_and_seed():
     assert not torch.equal(keep, kernel_mask(n, rows, dh, seed=12346, p=p))
     # the mask of variables 2.. is the same when drawn as a chunk that starts there
     tail = torch.ones(n - 2, rows, dh)
-    cpu_kernels.bias_dropout(tail, None, 2, 12345, p)
+    vsn_ops.bias_dropout(tail, None, 2, 12345, p)
     assert torch.equal(tail, keep[2:])
 
 

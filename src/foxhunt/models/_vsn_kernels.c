@@ -10,10 +10,10 @@
  * with a small variable_dim the selection does its own, row by row, forward and backward (with
  * tft_small's 16 its g = f Wg, [variables, rows, 2 hidden], was the largest tensor of a step,
  * and writing it, reading it back and its gradient bounded the selection's time). Python calls
- * these through ctypes (foxhunt/models/cpu_kernels.py) with pointers to float32 tensors it
- * allocated, so this file allocates nothing and the memory estimator, which traces the Python
- * side, sees every buffer. A CPython module only in name: its PyInit exists so that setuptools
- * can build it as an extension.
+ * them as torch ops (foxhunt/models/cpu_kernels.py) with float32 tensors it allocated, through
+ * the module at the end of this file (_vsn_module.c), which checks every buffer's size and
+ * type first; this file allocates nothing, and the memory estimator, which traces the ops'
+ * fake implementations, sees every buffer.
  *
  * Threads: OpenMP over rows, on the runtime PyTorch loaded (its libgomp has the same soname),
  * with the thread count the caller passes. Reductions over rows go to one partial buffer per
@@ -72,6 +72,11 @@ static inline vf blend(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)
 static inline float hsum(vf v) {
     /* each step adds the upper half of what is left onto its lower half (the lanes a mask
      * leaves out are 0: what they get is not used) */
+#if defined(__clang__) /* (no __builtin_shuffle; its vectors of halves take other syntax) */
+    float sum = 0.0f;
+    for (int k = 0; k < VL; k++) sum += v[k];
+    return sum;
+#else
 #if VL >= 16
     v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15});
 #endif
@@ -81,6 +86,7 @@ static inline float hsum(vf v) {
     v += __builtin_shuffle(v, (vi){2, 3});
     v += __builtin_shuffle(v, (vi){1});
     return v[0];
+#endif
 }
 
 /* exp(x) to about 2 ulp (Cephes' expf polynomial) in vector operations: libm's expf is a call
@@ -868,15 +874,4 @@ int vsn_x86_level(void) {
     return 1;
 }
 
-int vsn_vector_width(void) { return VL; }
-
-#define STR_(a) #a
-#define STR(a) STR_(a)
-#define INIT_(name) PyInit_##name
-#define INIT(name) INIT_(name)
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, STR(MODULE), "C kernels called through ctypes", -1, NULL,
-    NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC INIT(MODULE)(void) { return PyModule_Create(&module); }
+#include "_vsn_module.c"

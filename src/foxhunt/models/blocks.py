@@ -78,23 +78,10 @@ class GateAddNorm(nn.Module):
             # the GLU, the add and LayerNorm in one C pass each way; the linear as a module, so
             # that its hooks run (int8's input quantization)
             g = self.glu.fc(self.glu.dropout(x)).reshape(-1, 2 * h)
-            out = _GateAddNorm.apply(g, skip.reshape(-1, h).contiguous(), *self.norm.parameters())
+            gamma, beta = self.norm.parameters()
+            out = cpu_kernels.gate_add_norm(g, skip.reshape(-1, h).contiguous(), gamma, beta)
             return out.reshape(skip.shape)
         return self.norm(self.glu(x) + skip)
-
-
-class _GateAddNorm(torch.autograd.Function):
-    """LayerNorm(GLU(g) + skip) * gamma + beta, forward and backward one C pass each
-    (`cpu_kernels.gate_add_norm`); it keeps g, where autograd's ops keep g and the sum."""
-
-    @staticmethod
-    def forward(ctx, g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:  # noqa: ANN001
-        ctx.save_for_backward(g, skip, gamma, beta)
-        return cpu_kernels.gate_add_norm(g, skip, gamma, beta)
-
-    @staticmethod
-    def backward(ctx, d_out: Tensor) -> tuple[Tensor, ...]:  # noqa: ANN001
-        return cpu_kernels.gate_add_norm_backward(*ctx.saved_tensors, d_out.contiguous())
 
 
 class ResampleNorm(nn.Module):

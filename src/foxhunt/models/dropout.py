@@ -15,7 +15,6 @@ torch.compile has its own) torch's dropout runs unchanged.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,19 +54,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0 or not fast_masks(x):
             return F.dropout(x, self.p, self.training, self.inplace)
-        if cpu_kernels.available(x):
-            return _HashedDropout.apply(x, self.p)
+        if cpu_kernels.available(x):  # (its backward hashes the mask again)
+            seed = cpu_kernels.draw_seed(x)
+            return cpu_kernels.dropout(x.contiguous(), seed, self.p, keep_scale(self.p, x))
         return x.mul(keep_mask(x, self.p)).mul_(keep_scale(self.p, x))
-
-
-class _HashedDropout(torch.autograd.Function):
-    """x * keep * scale, the mask hashed from a seed in forward and again in backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, p: float) -> Tensor:
-        ctx.seed, ctx.p, ctx.scale = cpu_kernels.draw_seed(x), p, keep_scale(p, x)
-        return cpu_kernels.dropout(x.contiguous(), ctx.seed, p, ctx.scale)
-
-    @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor, None]:
-        return cpu_kernels.dropout(d_out.contiguous(), ctx.seed, ctx.p, ctx.scale), None

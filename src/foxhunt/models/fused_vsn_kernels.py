@@ -1,5 +1,5 @@
 """The fused variable selection's C-kernel path (float32 on a CPU), with its hand-written backward:
-the computation of `fused_vsn`'s module docstring, the elementwise chains in C (`cpu_kernels`).
+the computation of `fused_vsn`'s module docstring, the elementwise chains in C (`vsn_ops`).
 
 Two ways through it: with a small variable_dim (`row_matmuls`) forward and backward are one C
 call each, their matmuls row by row; otherwise the variables go in chunks around MKL's matmuls.
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 import foxhunt.models.cpu_kernels as cpu_kernels
+import foxhunt.models.vsn_ops as vsn_ops
 from foxhunt.models.dropout import keep_scale
 
 # The largest variable_dim for which the kernel path does its matmuls row by row in C: at S
@@ -26,7 +27,7 @@ Tensors = tuple[Tensor | None, ...]
 
 def row_matmuls(dh: int) -> bool:
     """Whether the kernel path runs forward and backward in one pass each with their matmuls
-    row by row (`cpu_kernels.forward`, `cpu_kernels.backward_rows`) for variable_dim `dh`,
+    row by row (`vsn_ops.forward`, `vsn_ops.backward_rows`) for variable_dim `dh`,
     rather than in chunks around MKL's matmuls. The backward makes g = f Wg again from f and adds
     up the weights' gradients itself: at S (tft_small) g and its gradient were 34 MB each a step
     that MKL's matmuls wrote and read back, and the backward took 1.5x as long with them."""
@@ -51,10 +52,10 @@ def _chunk_gate(
     R2: Tensor | None,
     gamma: Tensor,
     beta: Tensor,
-) -> cpu_kernels.Gate:
-    """The `cpu_kernels.Gate` of the variables `c` (g and bias are already theirs)."""
+) -> vsn_ops.Gate:
+    """The `vsn_ops.Gate` of the variables `c` (g and bias are already theirs)."""
     v_c, R2_c = chunk_of(c, v, R2)
-    return cpu_kernels.Gate(g, bias, scale, s[c], u[c], v_c, R0[c], R1[c], R2_c, gamma[c], beta[c])
+    return vsn_ops.Gate(g, bias, scale, s[c], u[c], v_c, R0[c], R1[c], R2_c, gamma[c], beta[c])
 
 
 def _like(t: Tensor | None) -> Tensor | None:
@@ -89,7 +90,7 @@ def kernel_forward(
     rows, h = x.shape[1], gamma.shape[-1]
     scale = keep_scale(dropout, x)
     if row_matmuls(W2.shape[-1]):
-        return cpu_kernels.forward(
+        return vsn_ops.forward(
             x, A, C, W2, b2, Wg, bg, seed, dropout, scale, s, u, v, R0, R1, R2, gamma, beta, f_all
         )
     # nothing dropped and f not kept: fc2's bias rides on the gate's,
@@ -97,18 +98,18 @@ def kernel_forward(
     fold = not dropout and f_all is None
     out = x.new_zeros(rows, h)
     for c in chunks:
-        a = cpu_kernels.elu(x[c], A[c], C[c])
+        a = vsn_ops.elu(x[c], A[c], C[c])
         f = torch.bmm(a, W2[c], out=None if f_all is None else f_all[c])
         del a
         if fold:
             bias = torch.baddbmm(bg[c].unsqueeze(1), b2[c].unsqueeze(1), Wg[c]).squeeze(1)
         else:
-            cpu_kernels.bias_dropout(f, b2[c], c.start, seed, dropout)
+            vsn_ops.bias_dropout(f, b2[c], c.start, seed, dropout)
             bias = bg[c]
         g = torch.bmm(f, Wg[c], out=None if g_all is None else g_all[c])
         del f
         gate = _chunk_gate(c, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta)
-        cpu_kernels.gate_norm_sum(gate, out)
+        vsn_ops.gate_norm_sum(gate, out)
         del g
     return out
 
@@ -126,7 +127,7 @@ class KernelSelectedGRNs(torch.autograd.Function):
         seed = cpu_kernels.draw_seed(x) if dropout else 0
         keep = save and not recompute
         f_all = x.new_empty(n, rows, dh) if keep else None
-        # the row path's backward makes g again from f (`cpu_kernels.backward_rows`)
+        # the row path's backward makes g again from f (`vsn_ops.backward_rows`)
         g_all = x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
         out = kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
         if save:
@@ -152,8 +153,8 @@ def _row_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
     scale = keep_scale(p, x)
     d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
     d_s, d_u, d_v = _like(s), _like(u), _like(v)
-    gate = cpu_kernels.Gate(None, bg, scale, s, u, v, R0, R1, R2, gamma, beta)
-    sums = cpu_kernels.backward_rows(
+    gate = vsn_ops.Gate(None, bg, scale, s, u, v, R0, R1, R2, gamma, beta)
+    sums = vsn_ops.backward_rows(
         gate, d_out, x, A, C, W2, b2, Wg, f_all, seed, p, d_s, d_u, d_v, d_x
     )
     d_Wg, d_W2 = sums["Wg"], sums["W2"]
@@ -179,17 +180,17 @@ def _chunk_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
     sums_into = {"gamma": d_gamma, "beta": d_beta, "R0": d_R0, "R1": d_R1, "R2": d_R2, "bias": d_bg}
     for c in ctx.chunks:
         if g_all is None:  # recompute mode: f and g as the forward made them
-            a = cpu_kernels.elu(x[c], A[c], C[c])
+            a = vsn_ops.elu(x[c], A[c], C[c])
             f = torch.bmm(a, W2[c])
-            cpu_kernels.bias_dropout(f, b2[c], c.start, seed, p)
+            vsn_ops.bias_dropout(f, b2[c], c.start, seed, p)
             g = torch.bmm(f, Wg[c])
         else:
             f, g = f_all[c], g_all[c]
         gate = _chunk_gate(c, g, bg[c], scale, s, u, v, R0, R1, R2, gamma, beta)
         d_rows = (d_s[c], d_u[c], *chunk_of(c, d_v))
-        d_g, sums = cpu_kernels.gate_norm_sum_backward(gate, d_out, *d_rows)
+        d_g, sums = vsn_ops.gate_norm_sum_backward(gate, d_out, *d_rows)
         if g_all is not None:  # (after the gate's backward: not held through its peak)
-            a = cpu_kernels.elu(x[c], A[c], C[c])
+            a = vsn_ops.elu(x[c], A[c], C[c])
         del g
         for key, grad in sums_into.items():
             if grad is not None:
@@ -200,11 +201,11 @@ def _chunk_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
         del f
         d_f = torch.bmm(d_g, Wg[c].transpose(1, 2))
         # the forward's mask again, the dropout scale with it; fc2's bias gradient
-        d_b2[c] = cpu_kernels.bias_dropout(d_f, None, c.start, seed, p, scale, True)
+        d_b2[c] = vsn_ops.bias_dropout(d_f, None, c.start, seed, p, scale, True)
         del d_g
         torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
         d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
-        d_A[c], d_C[c] = cpu_kernels.elu_backward(
+        d_A[c], d_C[c] = vsn_ops.elu_backward(
             x[c], A[c], a, d_a, None if d_x is None else d_x[c]
         )
         del a, d_a, d_f
