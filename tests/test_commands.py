@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from foxhunt.models import cpu_kernels
 from tests.helpers import TINY_MODEL, printed_summary, run_script, tiny_overrides
 
 
@@ -29,6 +30,19 @@ def test_train_writes_its_run_and_says_what_it_found(tiny_run):
     assert {"val_loss", "test_loss", "skill"} <= set(s["metrics"])
     assert (tiny_run.run / ".hydra" / "config.yaml").is_file()  # the data config it used
     assert "skill" in tiny_run.out  # the lines for a person before the last line
+
+
+def test_train_says_which_cpu_kernels_ran_or_why_none(tiny_run):
+    """summary.json and the printed summary name the build of the C kernels that ran (the tiny
+    model's hidden size of 8 leaves them its dropout), or why none did."""
+    kernels, build = tiny_run.summary["cpu_kernels"], cpu_kernels.status().build
+    if build is None:
+        assert not kernels["ran"] and kernels["why_not"] == cpu_kernels.status().reason
+        assert f"CPU kernels did not run: {kernels['why_not']}" in tiny_run.out
+        return
+    assert kernels["ran"] and kernels["build"] == build and kernels["calls"]["dropout_flat"] > 0
+    assert set(kernels["calls"]) == {"dropout_flat"}  # (hidden 8: no gate takes them)
+    assert f"CPU kernels: {build} ran" in tiny_run.out
 
 
 def test_train_ends_with_a_short_line_naming_its_summary(tiny_run):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -72,6 +73,7 @@ def test_the_kernels_are_built_where_setup_builds_them():
 
 
 @needs_kernels
+@pytest.mark.skipif(bool(os.environ.get(cpu_kernels.CUSTOM)), reason="a build of one's own runs")
 def test_the_model_loads_the_build_of_its_cpus_registers(build):
     """The widest vectors this CPU has: GCC turns a comparison of vectors wider than the
     registers into one scalar compare per element (16-float vectors on an AVX2 CPU ran the
@@ -84,6 +86,18 @@ def test_the_model_loads_the_build_of_its_cpus_registers(build):
         cpu_kernels.library().VECTOR_WIDTH
         == {"_vsn_kernels_avx512": 16, "_vsn_kernels_avx2": 8, "_vsn_kernels": 4}[build]
     )
+
+
+@needs_kernels
+@pytest.mark.skipif(bool(os.environ.get(cpu_kernels.CUSTOM)), reason="a build of one's own runs")
+@pytest.mark.parametrize("name", list(cpu_kernels.BUILDS))
+def test_every_build_this_cpu_runs_is_tested_and_the_others_are_named(name):
+    """The fixture `build` runs every test on each build this CPU runs; a build it cannot run
+    is skipped here by name (an AVX2 machine cannot test the AVX-512 build)."""
+    level = cpu_kernels.load("_vsn_kernels").x86_level()
+    if cpu_kernels.BUILDS[name] > level:
+        pytest.skip(f"{name} needs x86-64-v{cpu_kernels.BUILDS[name]}; this CPU is v{level}")
+    assert name in cpu_kernels.builds() and cpu_kernels.load(name) is not None
 
 
 @needs_kernels

@@ -4,7 +4,6 @@ warning, the PyTorch paths running instead."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 
@@ -138,9 +137,9 @@ def test_the_ops_refuse_a_tensor_they_cannot_take():
         (lambda mp: mp.setattr(cpu_kernels, "ABI", cpu_kernels.ABI + 1), "other arguments"),
         (
             lambda mp: mp.setattr(
-                importlib,
-                "import_module",
-                lambda name: (_ for _ in ()).throw(ImportError("undefined symbol: omp_x")),
+                cpu_kernels,
+                "_import",
+                lambda build: (_ for _ in ()).throw(ImportError("undefined symbol: omp_x")),
             ),
             "failed to load: undefined symbol",
         ),

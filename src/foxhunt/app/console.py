@@ -47,6 +47,8 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     elif book.get("skipped"):
         lines.insert(0, f"no cross-sectional book: {book['skipped']}")
     lines += _coverage_lines(summary)
+    if summary.get("cpu_kernels"):
+        lines.append(kernels_line(summary["cpu_kernels"]))
     if report is None and summary.get("run_dir"):
         report = Path(summary["run_dir"]) / "report.md"
     if report is not None and report.is_file():
@@ -154,6 +156,13 @@ def _calibration_line(cal: dict[str, Any]) -> str:
 
 
 FINAL = "; every figure in "  # before the summary's path, at the end of the last line
+
+
+def kernels_line(kernels: dict[str, Any]) -> str:
+    """Whether the C kernels ran, which build, or why not (`cpu_kernels.report`)."""
+    if kernels["ran"]:
+        return f"CPU kernels: {kernels['build']} ran ({kernels['vector_width']} floats a vector)"
+    return f"CPU kernels did not run: {kernels['why_not']}"
 
 
 def final_line(summary: dict[str, Any], path: Path) -> str:

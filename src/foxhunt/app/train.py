@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from foxhunt.memory.callbacks import (
 )
 from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.search import BatchSizeSearch
+from foxhunt.models import cpu_kernels
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.run.resume import resume_source
@@ -93,7 +95,7 @@ def _train(
     init_weights: Path | None,
     test: bool,
 ) -> dict[str, Any]:
-    started = time.perf_counter()
+    started, calls = time.perf_counter(), Counter(cpu_kernels.CALLS)
     keep_freed_memory()  # a step's memory stays mapped for the next (foxhunt.memory.heap)
     phase = Phases()
     with phase("setup"):  # the checks, the data read and windowed, the model built
@@ -110,6 +112,8 @@ def _train(
         summary = (finish if test else finish_validation)(cfg, run, parts, fitted, origin)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     summary["phases_s"] = phase.seconds
+    # which build of the C kernels ran in this run, or why none did
+    summary["cpu_kernels"] = cpu_kernels.report(parts.trainer.strategy.root_device.type, calls)
     if parts.trainer.is_global_zero:  # under DDP every process has the summary; one writes it
         write_json(run.summary, summary)
         if cfg.report and test:  # after the summary: nothing here can lose it

@@ -18,13 +18,15 @@ run their PyTorch paths.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import hashlib
 import importlib
+import importlib.util
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -42,6 +44,7 @@ MAX_HIDDEN = 4096  # the C code keeps a row of the hidden size on the stack
 LANES = 16  # and works on it 16 floats at a time
 LEVELS = 1 << 16  # the dropout masks' resolution: 16 bits of a hash (or of random bits) each
 HERE = Path(__file__).parent
+CUSTOM = "FOXHUNT_CPU_KERNELS"  # the path of a build to run instead of the installed ones
 
 
 # the builds of _vsn_kernels.c (setup.py), the widest vectors first, and the x86-64 level each
@@ -68,10 +71,26 @@ def source_stamp() -> str | None:
     )
 
 
+def _import(build: str) -> ModuleType:
+    """One build of the C module; with FOXHUNT_CPU_KERNELS set, the baseline build from that
+    file instead (a build of your own: the sanitizer build of tests/models/test_sanitizers.py)."""
+    path = os.environ.get(CUSTOM)
+    if not path:
+        return importlib.import_module(f"foxhunt.models.{build}")
+    if build != "_vsn_kernels":
+        raise ModuleNotFoundError(f"{CUSTOM} gives one build")
+    spec = importlib.util.spec_from_file_location(build, path)
+    if spec is None or not Path(path).is_file():
+        raise ImportError(f"{CUSTOM}={path} is not a file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _open(build: str) -> tuple[ModuleType | None, str]:
     """One build of the C module, or None and why not."""
     try:
-        module = importlib.import_module(f"foxhunt.models.{build}")
+        module = _import(build)
     except ModuleNotFoundError:
         return None, f"{build} was not built at install (no C compiler with OpenMP?)"
     except (ImportError, OSError) as exc:
@@ -142,6 +161,24 @@ def status() -> Status:
     return Status(None, reason)
 
 
+def report(device: str, before: collections.Counter[str]) -> dict[str, object]:
+    """What summary.json says of the kernels after a run on `device`: the build that ran (its
+    vectors' width in floats) and its calls by kernel since CALLS was `before` (a sweep's runs
+    share a process), or why none ran."""
+    build, reason = status()
+    ran = {op: n for op, n in sorted((CALLS - before).items()) if n}
+    if build is not None and not ran:
+        reason = (
+            f"the model ran on {device}"
+            if device != "cpu"
+            else "no layer took them (float32, a hidden size that is a multiple of 16)"
+        )
+    width = None if build is None else load(build).VECTOR_WIDTH
+    return {"ran": bool(ran), "build": build, "vector_width": width, "calls": ran} | (
+        {} if ran else {"why_not": reason}
+    )
+
+
 def library() -> ModuleType | None:
     """The build of the C module that runs, or None (`status`)."""
     build = status().build
@@ -195,11 +232,17 @@ def views(*tensors: Tensor | None) -> list:
     return [None if t is None else t.detach().numpy() for t in tensors]
 
 
-def kernels() -> ModuleType:
+CALLS: collections.Counter[str] = collections.Counter()  # the kernels' calls in this process
+
+
+def kernel(op: str) -> Callable[..., None]:
+    """The C module's function `op` (its call counted in CALLS: what a run's summary says
+    ran)."""
     module = library()
     if module is None:
         raise RuntimeError(f"foxhunt's CPU kernels do not run here: {status().reason}")
-    return module
+    CALLS[op] += 1
+    return getattr(module, op)
 
 
 def define(name: str, schema: str) -> None:
@@ -221,7 +264,7 @@ def _gate_add_norm(g: Tensor, skip: Tensor, gamma: Tensor, beta: Tensor) -> Tens
     out = torch.empty_like(skip)
     M, h = skip.shape
     bias = g.new_zeros(2 * h)  # (the C code adds the GLU's bias; a linear layer's has)
-    kernels().gate_add_norm(M, h, *views(g, bias, skip, gamma, beta, out), threads())
+    kernel("gate_add_norm")(M, h, *views(g, bias, skip, gamma, beta, out), threads())
     return out
 
 
@@ -251,7 +294,7 @@ def _gate_add_norm_backward(
     d_g, d_skip, part = _gate_add_norm_grads(g, skip, gamma, beta, d_out)
     M, h = skip.shape
     bias = g.new_zeros(2 * h)
-    kernels().gate_add_norm_backward(
+    kernel("gate_add_norm_backward")(
         M, h, *views(g, bias, skip, gamma, beta, d_out, d_g, d_skip, part), threads()
     )
     return d_g, d_skip, part
@@ -299,7 +342,7 @@ def _dropout_out(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
 @torch.library.impl("foxhunt::dropout", "cpu")
 def _dropout(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
     out = torch.empty_like(x)
-    kernels().dropout_flat(x.numel(), seed, threshold(p), scale, *views(x, out), threads())
+    kernel("dropout_flat")(x.numel(), seed, threshold(p), scale, *views(x, out), threads())
     return out
 
 

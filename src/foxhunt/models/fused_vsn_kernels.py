@@ -205,8 +205,6 @@ def _chunk_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
         del d_g
         torch.bmm(a.transpose(1, 2), d_f, out=d_W2[c])
         d_a = torch.bmm(d_f, W2[c].transpose(1, 2))
-        d_A[c], d_C[c] = vsn_ops.elu_backward(
-            x[c], A[c], a, d_a, None if d_x is None else d_x[c]
-        )
+        d_A[c], d_C[c] = vsn_ops.elu_backward(x[c], A[c], a, d_a, None if d_x is None else d_x[c])
         del a, d_a, d_f
     return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2, d_gamma, d_beta)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from foxhunt.models.cpu_kernels import define, kernels, threads, threshold, views
+from foxhunt.models.cpu_kernels import define, kernel, threads, threshold, views
 
 # the partial sums of vsn_gate_norm_sum_backward, each `hidden` wide per variable (bias: 2)
 GATE_PARTS = ("gamma", "beta", "R0", "R1", "R2", "bias")
@@ -47,7 +47,7 @@ def _elu_out(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
 @torch.library.impl("foxhunt::vsn_elu", "cpu")
 def _elu(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
     a = _elu_out(x, A, C)
-    kernels().vsn_elu(*a.shape, *views(x, A, C, a), threads())
+    kernel("vsn_elu")(*a.shape, *views(x, A, C, a), threads())
     return a
 
 
@@ -76,7 +76,7 @@ def _bias_dropout(
 ) -> Tensor:
     out = _bias_dropout_sums(f, bias, first, seed, p, scale, sums)
     b, f_, o = views(bias, f, out if sums else None)
-    kernels().vsn_bias_dropout(*f.shape, first, seed, threshold(p), scale, b, f_, o, threads())
+    kernel("vsn_bias_dropout")(*f.shape, first, seed, threshold(p), scale, b, f_, o, threads())
     return out
 
 
@@ -109,7 +109,7 @@ def _gate_norm_sum_fake(*args: Tensor | float | None) -> None:
 @torch.library.impl("foxhunt::vsn_gate_norm_sum", "cpu")
 def _gate_norm_sum(g: Tensor, bias: Tensor, scale: float, *rest: Tensor | None) -> None:
     c, M, h2 = g.shape
-    kernels().vsn_gate_norm_sum(c, M, h2 // 2, *views(g, bias), scale, *views(*rest), threads())
+    kernel("vsn_gate_norm_sum")(c, M, h2 // 2, *views(g, bias), scale, *views(*rest), threads())
 
 
 def gate_norm_sum(gate: Gate, out: Tensor) -> None:
@@ -135,7 +135,7 @@ def _gate_backward(g: Tensor, bias: Tensor, scale: float, *rest: Tensor | None) 
     d_g, part = _gate_backward_out(g)
     *gate, d_out, d_s, d_u, d_v = rest
     c, M, h2 = g.shape
-    kernels().vsn_gate_norm_sum_backward(
+    kernel("vsn_gate_norm_sum_backward")(
         c,
         M,
         h2 // 2,
@@ -171,7 +171,7 @@ def _elu_backward_out(x: Tensor, A: Tensor, a: Tensor, *rest: Tensor | None) -> 
 @torch.library.impl("foxhunt::vsn_elu_backward", "cpu")
 def _elu_backward(x: Tensor, A: Tensor, a: Tensor, d_a: Tensor, d_x: Tensor | None) -> Tensor:
     part = _elu_backward_out(x, A, a)
-    kernels().vsn_elu_backward(*a.shape, *views(x, A, a, d_a, d_x, part), threads())
+    kernel("vsn_elu_backward")(*a.shape, *views(x, A, a, d_a, d_x, part), threads())
     return part
 
 
@@ -210,7 +210,7 @@ def _forward(
     n, M = x.shape
     dh, h = A.shape[-1], out.shape[-1]
     *gate, f_out = rest
-    kernels().vsn_forward(
+    kernel("vsn_forward")(
         n, M, dh, h, *views(x, A, C, W2, b2, Wg, bg), seed, threshold(p), scale,
         *views(*gate, out, f_out), threads(),
     )  # fmt: skip
@@ -273,7 +273,7 @@ def _backward_rows(bias: Tensor, scale: float, *rest: Tensor | float | int | Non
     *gate, d_out, x, A, C, W2, b2, Wg, f, seed, p, d_s, d_u, d_v, d_x = rest
     W2T, WgT = W2.transpose(1, 2).contiguous(), Wg.transpose(1, 2).contiguous()
     n, M = x.shape
-    kernels().vsn_backward_rows(
+    kernel("vsn_backward_rows")(
         n, M, A.shape[-1], gate[6].shape[-1], *views(bias), scale, *views(*gate, d_out),
         *views(x, A, C, W2, b2, Wg, W2T, WgT, f), seed, threshold(p),
         *views(d_s, d_u, d_v, d_x, part), threads(),
