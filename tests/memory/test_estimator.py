@@ -96,33 +96,49 @@ def test_a_measurement_frees_what_it_built(es_sample):
 
 
 class _StepPeaks(L.Callback):
-    """The live-tensor peak of each training step of a run: reset as it starts, read as it ends."""
+    """The live-tensor peak of each training and validation step of a run: reset as it
+    starts, read as it ends."""
 
     def __init__(self) -> None:
-        self.peaks: list[int] = []
+        self.peaks: dict[str, list[int]] = {"train": [], "val": []}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         live_tensors().reset_peak()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.peaks.append(live_tensors().peak)
+        self.peaks["train"].append(live_tensors().peak)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        live_tensors().reset_peak()
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
+        if not trainer.sanity_checking:  # (before the first step: no optimizer state yet)
+            self.peaks["val"].append(live_tensors().peak)
 
 
-@pytest.mark.slow  # 6 CPU-s: the full tier
-@pytest.mark.parametrize(
-    "model",
-    [
-        pytest.param((), id="tft_small"),
-        pytest.param(
-            ("model=tft_base", "data.ohlcv.num_features=225"),
-            id="tft_base-225",
-            marks=pytest.mark.slow,  # the seed size: about 10 s
-        ),
-    ],
-)
-def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model):
-    """The estimate against the steps of a real run (train.py's path: Trainer, TFTModule,
-    ParquetDataModule, the memory callbacks), counted by the run's own live-tensor counter.
+BASE = ("model=tft_base", "data.ohlcv.num_features=225")
+# the estimates not yet within 1% of a real step (#46; measured 2026-12-05 on this data,
+# tft_small bf16's training step between -0.7% and +2.2% from run to run):
+# tft_small bf16 +2.2% (train) / +7.7% (val), int8 -2.9% / -3.8%, val fp32 -1.3%;
+# tft_base bf16 train +2.0%, int8 val -2.4% (-14.8% before validation was traced with its
+# per-forward fake-quantized weights, as it runs)
+OFF = {  # each with the bound it is held to meanwhile
+    ("tft_small", "fp32", "val"): 0.02, ("tft_small", "bf16", "train"): 0.03,
+    ("tft_small", "bf16", "val"): 0.09, ("tft_small", "int8", "train"): 0.04,
+    ("tft_small", "int8", "val"): 0.05, ("tft_base", "bf16", "train"): 0.03,
+    ("tft_base", "int8", "val"): 0.03,
+}  # fmt: skip
+
+
+@pytest.mark.slow  # a short run each, up to 20 s: the full tier
+@pytest.mark.parametrize("model", ["tft_small", "tft_base"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_estimate_is_the_peak_of_a_real_step(tmp_path, es_sample, model, precision):
+    """The estimates of a training and a validation step against the steps of a real run
+    (train.py's path: Trainer, TFTModule, ParquetDataModule, the memory callbacks), counted by
+    the run's own live-tensor counter, within 1%.
 
     What such a run holds beyond the traced step, measured: each batch's `index` (8 bytes a
     window), a few logged scalars and the epoch's shuffled window order (8 bytes a training
@@ -132,7 +148,8 @@ def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model
     length), and no previous gradients at the peak (the step sets them to None first)."""
     cfg = small(
         es_sample,
-        *model,
+        *(BASE if model == "tft_base" else ()),
+        f"precision={precision}",
         "data.encoder_length=16",
         "data.batch_size=8",
         "trainer.max_epochs=1",
@@ -149,8 +166,12 @@ def test_estimate_is_the_peak_of_a_real_training_step(tmp_path, es_sample, model
     est = estimate(cfg)
     steps = _StepPeaks()
     train(cfg, tmp_path / "run", extra_callbacks=[steps])
-    real = max(steps.peaks[1:])  # from the second step on, the optimizer state exists
-    assert est.train.allocated == pytest.approx(real, rel=0.01)
+    real = {"train": max(steps.peaks["train"][1:]), "val": max(steps.peaks["val"])}
+    errors = {k: getattr(est, k).allocated / real[k] - 1 for k in real}
+    bounds = {k: OFF.get((model, precision, k), 0.01) for k in real}
+    assert all(abs(errors[k]) <= bounds[k] for k in real), (errors, bounds)
+    if any(abs(e) > 0.01 for e in errors.values()):
+        pytest.xfail(f"estimate off by {errors}, more than 1% (#46)")
 
 
 @pytest.mark.slow  # 4 CPU-s: the full tier

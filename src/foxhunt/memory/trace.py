@@ -230,8 +230,9 @@ def run_step(
         model.train(train)
         if train:
             train_step(model, optimizer, batch, quantiles, clip=plan.clip)
-        else:
-            quantile_loss(validation_forward(model, batch), batch["target"], quantiles)
+        else:  # without autograd, as Lightning's validation loop (inference_mode) runs it
+            with torch.no_grad():
+                quantile_loss(validation_forward(model, batch), batch["target"], quantiles)
     if not fake:
         _release(model, optimizer)
     extra = {}

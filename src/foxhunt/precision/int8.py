@@ -15,7 +15,7 @@ from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.precision.base import Precision
 from foxhunt.quantization.callbacks import QATSchedule
-from foxhunt.quantization.qat import bake_weight_fake_quant, prepare_qat, set_qat_phase
+from foxhunt.quantization.qat import prepare_qat, set_qat_phase
 from foxhunt.quantization.score import export_and_score_int8
 from foxhunt.run.dir import RunDir
 
@@ -48,13 +48,6 @@ class Int8(Precision):
     def for_inference(self, model: TemporalFusionTransformer) -> TemporalFusionTransformer:
         set_qat_phase(model, observe=False, fake_quant=True)  # the fake-quant model
         return model
-
-    def trace_model(self, model: TemporalFusionTransformer, train: bool) -> None:
-        if not train:
-            # MemTracker cannot follow a parametrized weight under no_grad: validate with the
-            # fake-quantized weights computed once (their per-forward copies, one weight at a
-            # time, are not counted)
-            bake_weight_fake_quant(model)
 
     def memory_note(self, device: str) -> str:
         return (

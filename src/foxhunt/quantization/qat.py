@@ -187,13 +187,6 @@ def prepare_qat(
     return model
 
 
-def bake_weight_fake_quant(model: nn.Module) -> None:
-    """Replace each weight parametrization by its current (fake-quantized) value, in place."""
-    for module in list(model.modules()):
-        if parametrize.is_parametrized(module, "weight"):
-            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
-
-
 def fake_quant_modules(model: nn.Module) -> list[FakeQuantize]:
     return [m for m in model.modules() if isinstance(m, FakeQuantize)]
 
