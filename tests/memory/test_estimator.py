@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import subprocess
@@ -26,6 +27,7 @@ from foxhunt.memory import (
 )
 from foxhunt.memory.budget import live_tensors
 from foxhunt.memory.estimator import resolve_device
+from foxhunt.models import cpu_kernels
 from foxhunt.models.fused_vsn import CHUNK_ELEMENTS
 from foxhunt.training.module import build_model
 from tests.helpers import compose_train, run_cli
@@ -119,13 +121,14 @@ class _StepPeaks(L.Callback):
 
 
 BASE = ("model=tft_base", "data.ohlcv.num_features=225")
-# the estimates not yet within 1% of a real step (#46; measured 2026-12-05 on this data,
-# tft_small bf16's training step between -0.7% and +2.2% from run to run):
-# tft_small bf16 +2.2% (train) / +7.7% (val), int8 -2.9% / -3.8%, val fp32 -1.3%;
-# tft_base bf16 train +2.0%, int8 val -2.4% (-14.8% before validation was traced with its
-# per-forward fake-quantized weights, as it runs)
-OFF = {  # each with the bound it is held to meanwhile
-    ("tft_small", "fp32", "val"): 0.02, ("tft_small", "bf16", "train"): 0.03,
+# the estimates not yet within 1% of a real step (#46), each held meanwhile to a bound over
+# what was measured 2026-12-05 on this data (kernels on / off; tft_small bf16's training step
+# moved between -0.7% and +2.8% from run to run): tft_small fp32 val -1.3% / -0.8%, bf16
+# train +2.2% / +2.8% and val +7.7% / -0.2%, int8 train -2.9% / -2.0% and val -3.8% / -2.6%;
+# tft_base bf16 train +2.0% / +2.0%, int8 val -2.4% / -0.7% (-14.8% before validation was
+# traced with its per-forward fake-quantized weights, as it runs)
+OFF = {
+    ("tft_small", "fp32", "val"): 0.02, ("tft_small", "bf16", "train"): 0.035,
     ("tft_small", "bf16", "val"): 0.09, ("tft_small", "int8", "train"): 0.04,
     ("tft_small", "int8", "val"): 0.05, ("tft_base", "bf16", "train"): 0.03,
     ("tft_base", "int8", "val"): 0.03,
@@ -135,7 +138,8 @@ OFF = {  # each with the bound it is held to meanwhile
 @pytest.mark.slow  # a short run each, up to 20 s: the full tier
 @pytest.mark.parametrize("model", ["tft_small", "tft_base"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
-def test_estimate_is_the_peak_of_a_real_step(tmp_path, es_sample, model, precision):
+@pytest.mark.parametrize("kernels", ["kernels", "no_kernels"])
+def test_estimate_is_the_peak_of_a_real_step(tmp_path, es_sample, model, precision, kernels):
     """The estimates of a training and a validation step against the steps of a real run
     (train.py's path: Trainer, TFTModule, ParquetDataModule, the memory callbacks), counted by
     the run's own live-tensor counter, within 1%.
@@ -163,9 +167,10 @@ def test_estimate_is_the_peak_of_a_real_step(tmp_path, es_sample, model, precisi
         "memory.device=cpu",
         "memory.budget_mb=1000000",  # never met: a budget switches the live-tensor counter on
     )
-    est = estimate(cfg)
-    steps = _StepPeaks()
-    train(cfg, tmp_path / "run", extra_callbacks=[steps])
+    with contextlib.nullcontext() if kernels == "kernels" else cpu_kernels.off():
+        est = estimate(cfg)
+        steps = _StepPeaks()
+        train(cfg, tmp_path / "run", extra_callbacks=[steps])
     real = {"train": max(steps.peaks["train"][1:]), "val": max(steps.peaks["val"])}
     errors = {k: getattr(est, k).allocated / real[k] - 1 for k in real}
     bounds = {k: OFF.get((model, precision, k), 0.01) for k in real}
