@@ -46,9 +46,9 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
         lines.insert(0, _book_line(book))  # a panel is traded as a book: its figure leads
     elif book.get("skipped"):
         lines.insert(0, f"no cross-sectional book: {book['skipped']}")
-    lines += _coverage_lines(summary)
-    if summary.get("cpu_kernels"):
+    if summary.get("cpu_kernels"):  # (before the calibration, which ends what a person reads)
         lines.append(kernels_line(summary["cpu_kernels"]))
+    lines += _coverage_lines(summary)
     if report is None and summary.get("run_dir"):
         report = Path(summary["run_dir"]) / "report.md"
     if report is not None and report.is_file():

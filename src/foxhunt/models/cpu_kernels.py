@@ -204,14 +204,14 @@ def available(x: Tensor, hidden: int = LANES) -> bool:
     """Whether the kernels run on `x` here: float32 on a CPU, eager (not under torch.compile
     or torch.export), a hidden size that is a multiple of 16, with the library built, not
     turned `off`."""
-    return (
-        not _OFF.get()
+    return (  # (compiling first: dynamo folds it, and does not trace a context variable)
+        not torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
+        and not _OFF.get()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and hidden <= MAX_HIDDEN
         and hidden % LANES == 0
-        and not torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
         and library() is not None
     )
 
