@@ -206,7 +206,6 @@ def run_step(
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         precision = precision_of(plan.precision)
         model = build_model(plan.model, plan.schema, plan.precision, traced=fake)
-        precision.trace_model(model, train)
         model.gradient_checkpointing = plan.checkpointing
         if device != "cpu":
             model.to(device)

@@ -27,7 +27,7 @@ Tensors = tuple[Tensor | None, ...]
 
 def row_matmuls(dh: int) -> bool:
     """Whether the kernel path runs forward and backward in one pass each with their matmuls
-    row by row (`vsn_ops.forward`, `vsn_ops.backward_rows`) for variable_dim `dh`,
+    row by row (`torch.ops.foxhunt.vsn_forward`, `vsn_ops.backward_rows`) for variable_dim `dh`,
     rather than in chunks around MKL's matmuls. The backward makes g = f Wg again from f and adds
     up the weights' gradients itself: at S (tft_small) g and its gradient were 34 MB each a step
     that MKL's matmuls wrote and read back, and the backward took 1.5x as long with them."""
@@ -90,7 +90,7 @@ def kernel_forward(
     rows, h = x.shape[1], gamma.shape[-1]
     scale = keep_scale(dropout, x)
     if row_matmuls(W2.shape[-1]):
-        return vsn_ops.forward(
+        return torch.ops.foxhunt.vsn_forward(
             x, A, C, W2, b2, Wg, bg, seed, dropout, scale, s, u, v, R0, R1, R2, gamma, beta, f_all
         )
     # nothing dropped and f not kept: fc2's bias rides on the gate's,

@@ -187,6 +187,10 @@ def elu_backward(
 
 # ---- the fused selection row by row, for a small variable_dim ---------------------------
 
+# vsn_forward: the whole fused selection's forward in one pass, its matmuls row by row (for a
+# small variable_dim, where MKL's batched matmuls would write g first): sum_j s_j GRN_j(x_j)
+# [M, h]. f_out [n, M, dh], when given, receives fc2's output (bias and mask applied), from
+# which `backward_rows` makes the rest again.
 WEIGHTS = "Tensor x, Tensor A, Tensor C, Tensor W2, Tensor b2, Tensor Wg"
 define(
     "vsn_forward",
@@ -215,36 +219,6 @@ def _forward(
         *views(*gate, out, f_out), threads(),
     )  # fmt: skip
     return out
-
-
-def forward(
-    x: Tensor,
-    A: Tensor,
-    C: Tensor,
-    W2: Tensor,
-    b2: Tensor,
-    Wg: Tensor,
-    bg: Tensor,
-    seed: int,
-    p: float,
-    scale: float,
-    s: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
-    f_out: Tensor | None = None,
-) -> Tensor:
-    """The whole fused selection's forward in one pass, its matmuls row by row (for a small
-    variable_dim, where MKL's batched matmuls would write g first): sum_j s_j GRN_j(x_j) [M, h].
-    f_out [n, M, dh], when given, receives fc2's output (bias and mask applied), from which
-    `backward_rows` makes the rest again."""
-    return torch.ops.foxhunt.vsn_forward(
-        x, A, C, W2, b2, Wg, bg, seed, p, scale, s, u, v, R0, R1, R2, gamma, beta, f_out
-    )
 
 
 define(

@@ -57,9 +57,6 @@ class Precision:
         """The forward context of the Trainer's precision (what a memory trace runs under)."""
         return nullcontext()
 
-    def trace_model(self, model: TemporalFusionTransformer, train: bool) -> None:
-        """Ready a model for a memory trace of a training (or validation) step, in place."""
-
     def memory_note(self, device: str) -> str:
         """How the memory estimate of a step on `device` treats the precision."""
         return f"precision {self.name}"
