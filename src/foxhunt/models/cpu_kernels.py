@@ -5,7 +5,7 @@ Each kernel is a torch op, `torch.ops.foxhunt.<name>` (`torch.library`): its CPU
 allocates what it returns with torch and has the C module fill it (the module checks every
 buffer's size and type before it writes); its fake implementation allocates the same, so the
 memory estimator, which traces a step under FakeTensorMode, sees every buffer, and
-`torch.library.opcheck` checks each op (tests/models/test_cpu_kernels.py). Dropout and
+`torch.library.opcheck` checks each op (tests/models/test_kernel_ops.py). Dropout and
 GateAddNorm carry their backward (`register_autograd`); the fused selection's is
 `fused_vsn_kernels`'.
 
