@@ -9,8 +9,10 @@ the sources beside an editable install: a build older than its source is not run
 Optional: where no C compiler with OpenMP is found, or it cannot target a build's CPU level
 (-march=x86-64-v3/v4 needs GCC 11 or clang 12), pip installs foxhunt without what failed, says
 so in one line, and the kernels' callers run their PyTorch paths; a run's summary says which
-(`foxhunt.models.cpu_kernels.status`). Linux only: elsewhere the compilers at hand differ in
-OpenMP support, and the kernels are measured on Linux alone.
+(`foxhunt.models.cpu_kernels.status`). clang builds them on LLVM's OpenMP runtime, which a torch
+on GNU's (PyPI's wheels) refuses at load: build with GCC there (tests/models/test_clang.py).
+Linux only: elsewhere the compilers at hand differ in OpenMP support, and the kernels are
+measured on Linux alone.
 """
 
 import hashlib

@@ -153,8 +153,13 @@ def status() -> Status:
     if not runs:
         reason = _open("_vsn_kernels")[1] or "this CPU runs none of the builds"
     elif not shares_torch_openmp(load(runs[0])):
-        loaded = ", ".join(openmp_runtimes()) or "none found"
-        reason = f"they would run on another OpenMP runtime than torch's (loaded: {loaded})"
+        loaded = openmp_runtimes()
+        names = {Path(lib).name.split(".")[0] for lib in loaded}
+        reason = (
+            f"they would run on another OpenMP runtime than torch's (loaded: "
+            f"{', '.join(loaded) or 'none found'})"
+        ) + ("; a clang build on LLVM's beside torch's GNU one: build them with gcc "
+             "(CC=gcc pip install -e .)" if {"libomp", "libgomp"} <= names else "")  # fmt: skip
     else:
         return Status(runs[0], "")
     log.warning("foxhunt's CPU kernels do not run, the PyTorch paths do: %s", reason)
