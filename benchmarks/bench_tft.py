@@ -798,6 +798,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--compile", action="store_true", help="wrap ours in torch.compile")
     p.add_argument(
+        "--no-kernels",
+        action="store_true",
+        help="ours without foxhunt's C kernels (eager, or compiled: torch.compile's own code)",
+    )
+    p.add_argument(
         "--compile-mode", help="torch.compile's mode (reduce-overhead: CUDA graphs on CUDA)"
     )
     p.add_argument(
@@ -843,6 +848,14 @@ def set_precision(precision: str) -> torch.dtype | None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    with ExitStack() as stack:
+        if args.no_kernels:
+            stack.enter_context(cpu_kernels.off())
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The bench as `args` ask: builds, measures, prints the table and the JSON line."""
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: CUDA is not available", file=sys.stderr)
         sys.exit(2)
@@ -941,6 +954,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "compile": args.compile,
         "compile_mode": args.compile_mode,
         "compile_error": compile_error,
+        "kernels": not args.no_kernels,
         "lean": args.lean,
         **comparison(ours, theirs),  # against pytorch-forecasting, as before Darts came
         "param_warnings": param_warnings,

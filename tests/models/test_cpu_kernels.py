@@ -52,10 +52,10 @@ def float32(args):
     ]
 
 
-def kernel_mask(n: int, rows: int, dh: int, seed: int, p: float) -> torch.Tensor:
+def kernel_mask(n: int, rows: int, dh: int, seed: int | torch.Tensor, p: float) -> torch.Tensor:
     """The kernels' dropout mask [n, rows, dh] as 0/1, from the seed the fused path drew."""
     keep = torch.ones(n, rows, dh)
-    vsn_ops.bias_dropout(keep, None, 0, seed, p)
+    vsn_ops.bias_dropout(keep, None, 0, torch.as_tensor(seed), p)
     return keep
 
 
@@ -161,7 +161,7 @@ def test_masks_keep_the_rate_and_differ_by_variable_and_seed():
     assert not torch.equal(keep, kernel_mask(n, rows, dh, seed=12346, p=p))
     # the mask of variables 2.. is the same when drawn as a chunk that starts there
     tail = torch.ones(n - 2, rows, dh)
-    vsn_ops.bias_dropout(tail, None, 2, 12345, p)
+    vsn_ops.bias_dropout(tail, None, 2, torch.tensor(12345), p)
     assert torch.equal(tail, keep[2:])
 
 

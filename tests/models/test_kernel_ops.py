@@ -10,14 +10,21 @@ import threading
 import numpy as np
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 from torch.library import opcheck
 
 from foxhunt.models import cpu_kernels, vsn_ops
+from foxhunt.models.blocks import GateAddNorm
+from foxhunt.models.fused_vsn import selected_grns
+from tests.models.test_cpu_kernels import float32
+from tests.models.test_fused_vsn import flat, fused_inputs
 
 needs_kernels = pytest.mark.skipif(
     cpu_kernels.library() is None, reason="the C kernels are not built here"
 )
 N, M, DH, H = 3, 5, 16, 32  # variables, rows, variable_dim (a row-path one), hidden
+SEED = torch.tensor(7)  # the dropout masks'
 
 
 @pytest.fixture
@@ -49,10 +56,10 @@ def samples():
     """Every op with arguments it takes, (name, args); with and without the optional ones."""
     x, A, C, W2, b2, Wg = weights(48)
     yield "vsn_elu", (x, A, C)
-    yield "vsn_bias_dropout", (r(N, M, 48), b2, 0, 7, 0.2, 1.0, False)
-    yield "vsn_bias_dropout", (r(N, M, 48), None, 1, 7, 0.2, 1.25, True)
+    yield "vsn_bias_dropout", (r(N, M, 48), b2, 0, SEED, 0.2, 1.0, False)
+    yield "vsn_bias_dropout", (r(N, M, 48), None, 1, SEED, 0.2, 1.25, True)
     yield "vsn_elu_backward", (x, A, r(N, M, 48), r(N, M, 48), r(N, M))
-    yield "vsn_elu_backward", (x, A, r(N, M, 48), r(N, M, 48), None)
+    yield "vsn_elu_backward", (x, A, r(N, M, 48), r(N, M, 48), torch.empty(0))
     for v in (True, False):
         g = gate(v=v)
         yield "vsn_gate_norm_sum", (r(N, M, 2 * H), *g, r(M, H))
@@ -61,14 +68,14 @@ def samples():
         x, A, C, W2, b2, Wg = weights()
         bg, scale, s, u, v_, R0, R1, R2, gamma, beta = g
         rows = (s, u, v_, R0, R1, R2, gamma, beta)
-        yield "vsn_forward", (x, A, C, W2, b2, Wg, bg, 7, 0.2, scale, *rows, r(N, M, DH))
-        yield "vsn_forward", (x, A, C, W2, b2, Wg, bg, 7, 0.0, scale, *rows, None)
+        yield "vsn_forward", (x, A, C, W2, b2, Wg, bg, SEED, 0.2, scale, *rows, r(N, M, DH))
+        yield "vsn_forward", (x, A, C, W2, b2, Wg, bg, SEED, 0.0, scale, *rows, torch.empty(0))
         for f, d_x in ((r(N, M, DH), r(N, M)), (None, None)):
-            args = (*g, r(M, H), x, A, C, W2, b2, Wg, f, 7, 0.2, *grads, d_x)
+            args = (*g, r(M, H), x, A, C, W2, b2, Wg, f, SEED, 0.2, *grads, d_x)
             yield "vsn_backward_rows", args
     yield "gate_add_norm", (r(M, 2 * H), r(M, H), r(H), r(H))
     yield "gate_add_norm_backward", (r(M, 2 * H), r(M, H), r(H), r(H), r(M, H))
-    yield "dropout", (r(4, 33), 7, 0.3, 1 / 0.7)
+    yield "dropout", (r(4, 33), SEED, 0.3, 1 / 0.7)
 
 
 SAMPLES = list(samples())
@@ -86,7 +93,9 @@ def test_every_op_passes_opcheck(name, args):
 @pytest.mark.parametrize("name", ["gate_add_norm", "dropout"])
 def test_the_ops_with_a_backward_pass_opcheck_with_gradients(name):
     args = dict(SAMPLES)[name]
-    args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+    args = tuple(
+        a.requires_grad_() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+    )
     opcheck(getattr(torch.ops.foxhunt, name).default, args)
 
 
@@ -188,3 +197,43 @@ def test_off_holds_in_its_own_thread_only():
     release.set()
     thread.join()
     assert seen == [False]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dh", [16, 48], ids=["row", "chunks"])
+def test_torch_compile_keeps_the_ops_in_its_graphs_with_the_same_masks(dh):
+    """Compiled (one graph: fullgraph), the fused selection, GateAddNorm and dropout run as the
+    ops in the forward and the backward graph, not as the PyTorch path, and give what eager
+    gives with the same seed, dropout masks included (aot_eager: the graphs as traced)."""
+    graphs = []
+
+    def record(gm, _inputs):  # noqa: ANN001, ANN202
+        # (an op that writes a tensor is called through auto_functionalized, its first argument)
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        graphs.append(
+            {str(n.args[0] if "functionalized" in str(n.target) else n.target) for n in calls}
+        )
+        return make_boxed_func(gm)
+
+    gate = GateAddNorm(32, 32, dropout=0.2)
+    args = float32(fused_inputs(n=5, dh=dh, h=32, rows=37))
+
+    def step(*args):  # noqa: ANN202
+        selected = selected_grns(*args, dropout=0.2)
+        return gate(selected, selected)
+
+    compiled = torch.compile(
+        step, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record)
+    )
+    results = []
+    for run in (step, compiled):
+        torch.manual_seed(3)
+        out = run(*args)
+        results.append([out, *torch.autograd.grad(out.square().sum(), flat(args))])
+    forward, backward = graphs
+    path = "foxhunt.vsn_forward.default" if dh == 16 else "foxhunt.vsn_gate_norm_sum.default"
+    assert {path, "foxhunt.gate_add_norm.default", "foxhunt.dropout.default"} <= forward
+    ops = {"foxhunt.gate_add_norm_backward.default", "foxhunt.dropout.default"}
+    assert ops <= backward and any(op.startswith("foxhunt.vsn_") for op in backward)
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

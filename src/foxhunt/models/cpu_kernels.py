@@ -35,7 +35,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
 
 log = logging.getLogger(__name__)
 
@@ -205,19 +204,24 @@ def off() -> Iterator[None]:
         _OFF.reset(token)
 
 
+@torch.compiler.assume_constant_result
+def _runs() -> bool:
+    """The library runs and is not turned `off`; under torch.compile, read as a constant when
+    the graph is made (dynamo does not trace a context variable)."""
+    return not _OFF.get() and library() is not None
+
+
 def available(x: Tensor, hidden: int = LANES) -> bool:
-    """Whether the kernels run on `x` here: float32 on a CPU, eager (not under torch.compile
-    or torch.export), a hidden size that is a multiple of 16, with the library built, not
-    turned `off`."""
-    return (  # (compiling first: dynamo folds it, and does not trace a context variable)
-        not torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
-        and not _OFF.get()
+    """Whether the kernels run on `x` here: float32 on a CPU, not under torch.export (whose
+    graph, the ONNX export's, takes ATen's ops only), a hidden size that is a multiple of 16,
+    with the library built, not turned `off`. torch.compile keeps them in its graph, as ops."""
+    return (
+        not torch.compiler.is_exporting()
+        and _runs()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and hidden <= MAX_HIDDEN
         and hidden % LANES == 0
-        and library() is not None
     )
 
 
@@ -327,42 +331,44 @@ torch.library.register_autograd(
 )
 
 
-def draw_seed(x: Tensor) -> int:
-    """A seed for the hashed dropout masks, drawn from torch's generator (torch.manual_seed
-    fixes the masks, a checkpoint's RNG state resumes them); 0 under FakeTensorMode (a memory
-    trace, whose masks are not drawn)."""
-    if isinstance(x, FakeTensor):
-        return 0
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+def draw_seed(x: Tensor, p: float = 1.0) -> Tensor:
+    """A seed for the hashed dropout masks at rate p, drawn from torch's generator
+    (torch.manual_seed fixes the masks, a checkpoint's RNG state resumes them), or 0 where
+    nothing is dropped. A tensor, the ops' argument: torch.compile draws it in its graph."""
+    if not p:
+        return torch.zeros((), dtype=torch.int64)
+    return torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
 
 
-define("dropout", "(Tensor x, int seed, float p, float scale) -> Tensor")
+define("dropout", "(Tensor x, Tensor seed, float p, float scale) -> Tensor")
 
 
 @torch.library.register_fake("foxhunt::dropout")
-def _dropout_out(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
+def _dropout_out(x: Tensor, seed: Tensor, p: float, scale: float) -> Tensor:
     return torch.empty_like(x)
 
 
 @torch.library.impl("foxhunt::dropout", "cpu")
-def _dropout(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
+def _dropout(x: Tensor, seed: Tensor, p: float, scale: float) -> Tensor:
     out = torch.empty_like(x)
-    kernel("dropout_flat")(x.numel(), seed, threshold(p), scale, *views(x, out), threads())
+    kernel("dropout_flat")(x.numel(), int(seed), threshold(p), scale, *views(x, out), threads())
     return out
 
 
-def dropout(x: Tensor, seed: int, p: float, scale: float) -> Tensor:
+def dropout(x: Tensor, seed: Tensor, p: float, scale: float) -> Tensor:
     """x * keep * scale, element i kept by the hash of (seed, i): the same mask for the same
     seed, so backward draws it again from the seed instead of keeping it."""
     return torch.ops.foxhunt.dropout(x, seed, p, scale)
 
 
 def _dropout_context(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
-    _, ctx.seed, ctx.p, ctx.scale = inputs
+    _, seed, ctx.p, ctx.scale = inputs
+    ctx.save_for_backward(seed)
 
 
 def _dropout_grad(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    return dropout(d_out.contiguous(), ctx.seed, ctx.p, ctx.scale), None, None, None
+    (seed,) = ctx.saved_tensors
+    return dropout(d_out.contiguous(), seed, ctx.p, ctx.scale), None, None, None
 
 
 torch.library.register_autograd("foxhunt::dropout", _dropout_grad, setup_context=_dropout_context)

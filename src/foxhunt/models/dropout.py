@@ -9,7 +9,7 @@ element's index) in C (`cpu_kernels.dropout`): forward and backward are one pass
 mask is kept, backward hashes it again. Without the C kernels they are full-range int64 draws of
 torch's generator, four masks a draw (measured on 2 cores at [64, 72, 64]: 1,535 us for
 F.dropout, 828 for rand_like >= p, 232 for the draws). Elsewhere (CUDA's Philox is fast, and
-torch.compile has its own) torch's dropout runs unchanged.
+torch.compile without the kernels has its own) torch's dropout runs unchanged.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ from foxhunt.models.cpu_kernels import LEVELS, threshold
 
 
 def fast_masks(x: Tensor) -> bool:
-    """Whether `keep_mask` draws `x`'s masks from random bits (eager CPU) rather than torch."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+    """Whether `x`'s masks are foxhunt's (on a CPU: eager, or compiled where the C kernels run,
+    whose op stays in the graph) rather than torch's."""
+    return x.device.type == "cpu" and (
+        not torch.compiler.is_compiling() or cpu_kernels.available(x)
+    )
 
 
 def keep_scale(p: float, x: Tensor) -> float:

@@ -79,7 +79,7 @@ def kernel_forward(
     gamma: Tensor,
     beta: Tensor,
     dropout: float,
-    seed: int,
+    seed: Tensor,
     chunks: list[slice],
     f_all: Tensor | None = None,
     g_all: Tensor | None = None,
@@ -90,9 +90,10 @@ def kernel_forward(
     rows, h = x.shape[1], gamma.shape[-1]
     scale = keep_scale(dropout, x)
     if row_matmuls(W2.shape[-1]):
-        return torch.ops.foxhunt.vsn_forward(
-            x, A, C, W2, b2, Wg, bg, seed, dropout, scale, s, u, v, R0, R1, R2, gamma, beta, f_all
-        )
+        f_out = x.new_empty(0) if f_all is None else f_all  # (empty: f not kept)
+        weights = (x, A, C, W2, b2, Wg, bg)
+        gate = (s, u, v, R0, R1, R2, gamma, beta)
+        return torch.ops.foxhunt.vsn_forward(*weights, seed, dropout, scale, *gate, f_out)
     # nothing dropped and f not kept: fc2's bias rides on the gate's,
     # (a W2 + b2) Wg + bg = (a W2) Wg + (b2 Wg + bg)
     fold = not dropout and f_all is None
@@ -124,32 +125,32 @@ class KernelSelectedGRNs(torch.autograd.Function):
         x, W2, gamma = tensors[0], tensors[4], tensors[13]
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
-        seed = cpu_kernels.draw_seed(x) if dropout else 0
+        seed = cpu_kernels.draw_seed(x, dropout)
         keep = save and not recompute
         f_all = x.new_empty(n, rows, dh) if keep else None
         # the row path's backward makes g again from f (`vsn_ops.backward_rows`)
         g_all = x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
         out = kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
         if save:
-            ctx.save_for_backward(*tensors, f_all, g_all)
-            ctx.dropout, ctx.seed, ctx.chunks = dropout, seed, chunks
+            ctx.save_for_backward(*tensors, f_all, g_all, seed)
+            ctx.dropout, ctx.chunks = dropout, chunks
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> Tensors:
         with torch.autocast(d_out.device.type, enabled=False):  # float32, as the forward
-            saved = ctx.saved_tensors
+            *saved, seed = ctx.saved_tensors
             d_out = d_out.to(saved[0].dtype).contiguous()
             dh = saved[4].shape[-1]  # W2 [n, dh, dh]
             backward = _row_backward if row_matmuls(dh) else _chunk_backward
-            return (*backward(ctx, saved, d_out), None, None, None, None)
+            return (*backward(ctx, saved, seed, d_out), None, None, None, None)
 
 
-def _row_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
+def _row_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Tensors:
     """A small variable_dim: the whole backward row by row in C, in one call; the gradients
     of the tensors `KernelSelectedGRNs.forward` took, in its order."""
     x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, _ = saved
-    p, seed = ctx.dropout, ctx.seed
+    p = ctx.dropout
     scale = keep_scale(p, x)
     d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
     d_s, d_u, d_v = _like(s), _like(u), _like(v)
@@ -166,11 +167,11 @@ def _row_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
     return (d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2, d_gamma, d_beta)
 
 
-def _chunk_backward(ctx: Any, saved: Tensors, d_out: Tensor) -> Tensors:
+def _chunk_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Tensors:
     """The backward in chunks of the variables around MKL's matmuls, the elementwise chains in
     C; the gradients of the tensors `KernelSelectedGRNs.forward` took, in its order."""
     x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, g_all = saved
-    p, seed = ctx.dropout, ctx.seed
+    p = ctx.dropout
     scale = keep_scale(p, x)
     d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
     d_s, d_u, d_v = _like(s), _like(u), _like(v)

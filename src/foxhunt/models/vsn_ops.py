@@ -17,6 +17,11 @@ from foxhunt.models.cpu_kernels import define, kernel, threads, threshold, views
 GATE_PARTS = ("gamma", "beta", "R0", "R1", "R2", "bias")
 
 
+def given(t: Tensor) -> Tensor | None:
+    """An optional tensor an op writes: None where the caller passed an empty one."""
+    return t if t.numel() else None
+
+
 class Gate(NamedTuple):
     """What turns a chunk's GLU matmul g [c, M, 2h] into its weighted, layer-normalised rows:
     sum_j s_j LayerNorm_j(GLU(scale g_j + bias_j) + R0_j + u_j R1_j + v_j R2_j) with the affine
@@ -58,13 +63,14 @@ def elu(x: Tensor, A: Tensor, C: Tensor) -> Tensor:
 
 define(
     "vsn_bias_dropout",
-    "(Tensor(a!) f, Tensor? bias, int first, int seed, float p, float scale, bool sums) -> Tensor",
+    "(Tensor(a!) f, Tensor? bias, int first, Tensor seed, float p, float scale, bool sums)"
+    " -> Tensor",
 )
 
 
 @torch.library.register_fake("foxhunt::vsn_bias_dropout")
 def _bias_dropout_sums(
-    f: Tensor, bias: Tensor | None, first: int, seed: int, p: float, scale: float, sums: bool
+    f: Tensor, bias: Tensor | None, first: int, seed: Tensor, p: float, scale: float, sums: bool
 ) -> Tensor:
     c, _, dh = f.shape
     return f.new_empty(threads(), c, dh) if sums else f.new_empty(0)
@@ -72,11 +78,11 @@ def _bias_dropout_sums(
 
 @torch.library.impl("foxhunt::vsn_bias_dropout", "cpu")
 def _bias_dropout(
-    f: Tensor, bias: Tensor | None, first: int, seed: int, p: float, scale: float, sums: bool
+    f: Tensor, bias: Tensor | None, first: int, seed: Tensor, p: float, scale: float, sums: bool
 ) -> Tensor:
     out = _bias_dropout_sums(f, bias, first, seed, p, scale, sums)
     b, f_, o = views(bias, f, out if sums else None)
-    kernel("vsn_bias_dropout")(*f.shape, first, seed, threshold(p), scale, b, f_, o, threads())
+    kernel("vsn_bias_dropout")(*f.shape, first, int(seed), threshold(p), scale, b, f_, o, threads())
     return out
 
 
@@ -84,7 +90,7 @@ def bias_dropout(
     f: Tensor,
     bias: Tensor | None,
     first: int,
-    seed: int,
+    seed: Tensor,
     p: float,
     scale: float = 1.0,
     column_sums: bool = False,
@@ -159,7 +165,9 @@ def gate_norm_sum_backward(
     return d_g, dict(zip(GATE_PARTS, sums, strict=True))
 
 
-define("vsn_elu_backward", "(Tensor x, Tensor A, Tensor a, Tensor d_a, Tensor(a!)? d_x) -> Tensor")
+# an optional tensor that an op writes is empty where not given: inductor (torch 2.13) fails
+# on an op whose every written tensor is None ("getitem is not an OpOverload")
+define("vsn_elu_backward", "(Tensor x, Tensor A, Tensor a, Tensor d_a, Tensor(a!) d_x) -> Tensor")
 
 
 @torch.library.register_fake("foxhunt::vsn_elu_backward")
@@ -169,9 +177,9 @@ def _elu_backward_out(x: Tensor, A: Tensor, a: Tensor, *rest: Tensor | None) -> 
 
 
 @torch.library.impl("foxhunt::vsn_elu_backward", "cpu")
-def _elu_backward(x: Tensor, A: Tensor, a: Tensor, d_a: Tensor, d_x: Tensor | None) -> Tensor:
+def _elu_backward(x: Tensor, A: Tensor, a: Tensor, d_a: Tensor, d_x: Tensor) -> Tensor:
     part = _elu_backward_out(x, A, a)
-    kernel("vsn_elu_backward")(*a.shape, *views(x, A, a, d_a, d_x, part), threads())
+    kernel("vsn_elu_backward")(*a.shape, *views(x, A, a, d_a, given(d_x), part), threads())
     return part
 
 
@@ -180,7 +188,7 @@ def elu_backward(
 ) -> tuple[Tensor, Tensor]:
     """From d_a [c, M, dh], the gradient of a = ELU(x A + C): d_x [c, M] filled in (if given)
     and (d_A, d_C), each [c, dh]."""
-    parts = torch.ops.foxhunt.vsn_elu_backward(x, A, a, d_a, d_x)
+    parts = torch.ops.foxhunt.vsn_elu_backward(x, A, a, d_a, x.new_empty(0) if d_x is None else d_x)
     d_A, d_C = parts.sum(0).split(a.shape[-1], dim=-1)
     return d_A, d_C
 
@@ -194,8 +202,8 @@ def elu_backward(
 WEIGHTS = "Tensor x, Tensor A, Tensor C, Tensor W2, Tensor b2, Tensor Wg"
 define(
     "vsn_forward",
-    f"({WEIGHTS}, Tensor bg, int seed, float p, float scale, Tensor s, Tensor u, Tensor? v, "
-    "Tensor R0, Tensor R1, Tensor? R2, Tensor gamma, Tensor beta, Tensor(a!)? f_out) -> Tensor",
+    f"({WEIGHTS}, Tensor bg, Tensor seed, float p, float scale, Tensor s, Tensor u, Tensor? v, "
+    "Tensor R0, Tensor R1, Tensor? R2, Tensor gamma, Tensor beta, Tensor(a!) f_out) -> Tensor",
 )
 
 
@@ -208,22 +216,22 @@ def _forward_out(x: Tensor, *rest: Tensor | float | int | None) -> Tensor:
 @torch.library.impl("foxhunt::vsn_forward", "cpu")
 def _forward(
     x: Tensor, A: Tensor, C: Tensor, W2: Tensor, b2: Tensor, Wg: Tensor, bg: Tensor,
-    seed: int, p: float, scale: float, *rest: Tensor | None,
+    seed: Tensor, p: float, scale: float, *rest: Tensor | None,
 ) -> Tensor:  # fmt: skip
     out = x.new_zeros(x.shape[1], rest[6].shape[-1])  # (rest[6]: gamma)
     n, M = x.shape
     dh, h = A.shape[-1], out.shape[-1]
     *gate, f_out = rest
     kernel("vsn_forward")(
-        n, M, dh, h, *views(x, A, C, W2, b2, Wg, bg), seed, threshold(p), scale,
-        *views(*gate, out, f_out), threads(),
+        n, M, dh, h, *views(x, A, C, W2, b2, Wg, bg), int(seed), threshold(p), scale,
+        *views(*gate, out, given(f_out)), threads(),
     )  # fmt: skip
     return out
 
 
 define(
     "vsn_backward_rows",
-    f"({GATE}, Tensor d_out, {WEIGHTS}, Tensor? f, int seed, float p, Tensor(a!) d_s, "
+    f"({GATE}, Tensor d_out, {WEIGHTS}, Tensor? f, Tensor seed, float p, Tensor(a!) d_s, "
     "Tensor(b!) d_u, Tensor(c!)? d_v, Tensor(d!)? d_x) -> Tensor",
 )
 
@@ -249,7 +257,7 @@ def _backward_rows(bias: Tensor, scale: float, *rest: Tensor | float | int | Non
     n, M = x.shape
     kernel("vsn_backward_rows")(
         n, M, A.shape[-1], gate[6].shape[-1], *views(bias), scale, *views(*gate, d_out),
-        *views(x, A, C, W2, b2, Wg, W2T, WgT, f), seed, threshold(p),
+        *views(x, A, C, W2, b2, Wg, W2T, WgT, f), int(seed), threshold(p),
         *views(d_s, d_u, d_v, d_x, part), threads(),
     )  # fmt: skip
     return part
@@ -265,7 +273,7 @@ def backward_rows(
     b2: Tensor,
     Wg: Tensor,
     f: Tensor | None,
-    seed: int,
+    seed: Tensor,
     p: float,
     d_s: Tensor,
     d_u: Tensor,
