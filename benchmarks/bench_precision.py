@@ -4,14 +4,15 @@
 
 For each model, on this machine: the peak memory of one training step (MemTracker, live tensor
 bytes) and the step time (forward, loss, backward, fused AdamW) for fp32 and for int8 QAT; then
-the weight file bytes and the evaluation latency of the fp32 model against the exported int8
-model (`foxhunt.quantization.export_int8` / `load_int8`). A table, then one JSON line.
+the export's bytes (the float32 safetensors export against the int8 one, the same metadata
+in both: `foxhunt.precision.int8.fp32_export_bytes`, `foxhunt.quantization.export_int8`) and the
+evaluation latency of the fp32 model against the exported int8 model (`load_int8`). A table,
+then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import tempfile
 import time
@@ -25,6 +26,7 @@ from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.data.schema import footer_schema, random_batch
 from foxhunt.memory import MB, measure
+from foxhunt.precision.int8 import fp32_export_bytes
 from foxhunt.quantization import export_int8, load_int8, set_qat_phase
 from foxhunt.training.module import build_model, make_optimizer, model_init
 from foxhunt.training.step import train_step
@@ -87,13 +89,11 @@ def bench(name: str, steps: int) -> dict[str, Any]:
     set_qat_phase(qat, observe=False, fake_quant=True)
     init = model_init(model_cfg, schema)
     fp32 = build_model(model_cfg, schema).eval()
-    buf = io.BytesIO()
-    torch.save(fp32.state_dict(), buf)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model_int8.safetensors"
         row["int8_export_bytes"] = export_int8(qat, init, path)
         int8 = load_int8(path)
-    row["fp32_weight_bytes"] = len(buf.getvalue())
+        row["fp32_weight_bytes"] = fp32_export_bytes(init, None, Path(tmp))
     repeats = 20 if name == "tft_small" else 3
     row["fp32_eval_ms"] = latency_ms(fp32, batch, repeats)
     row["int8_eval_ms"] = latency_ms(int8, batch, repeats)
@@ -113,7 +113,7 @@ def main() -> None:
     print(f"fp32 vs int8 (QAT, then export), CPU, torch {torch.__version__}")
     header = (
         f"{'model':<10}{'batch':>6}{'train MB fp32':>14}{'int8 QAT':>10}{'step s fp32':>12}"
-        f"{'int8 QAT':>10}{'weights fp32':>13}{'int8':>10}{'eval ms fp32':>13}{'int8':>8}"
+        f"{'int8 QAT':>10}{'weights fp32':>13}{'int8 (ratio)':>19}{'eval ms fp32':>13}{'int8':>8}"
     )
     print(header)
     for r in rows:
@@ -121,6 +121,7 @@ def main() -> None:
             f"{r['model']:<10}{r['batch_size']:>6}{r['fp32_train_peak_mb']:>14.1f}"
             f"{r['int8_train_peak_mb']:>10.1f}{r['fp32_step_s']:>12.3f}{r['int8_step_s']:>10.3f}"
             f"{r['fp32_weight_bytes'] / MB:>12.2f}M{r['int8_export_bytes'] / MB:>9.2f}M"
+            f" ({r['int8_export_bytes'] / r['fp32_weight_bytes']:.3f}x)"
             f"{r['fp32_eval_ms']:>13.1f}{r['int8_eval_ms']:>8.1f}"
         )
     print(json.dumps({"torch": torch.__version__, "rows": rows}))

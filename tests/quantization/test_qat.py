@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from foxhunt.app.train import train
+from foxhunt.data.schema import footer_schema, random_batch
 from foxhunt.models import TemporalFusionTransformer
+from foxhunt.precision.int8 import fp32_export_bytes
 from foxhunt.quantization import export_int8, load_int8, prepare_qat, set_qat_phase
+from foxhunt.training.module import build_model, model_init
 from tests.helpers import ARCH, ROOT, compose_train, make_batch, tiny_overrides
 
 INIT = dict(
@@ -92,6 +95,23 @@ def test_export_is_small_loads_in_one_call_and_matches_the_fake_quant_model(tmp_
         reference, out = model(batch), loaded(batch)
     assert out.shape == reference.shape
     assert ((out - reference).abs().mean() / reference.std()) < 0.02
+
+
+def test_the_int8_export_of_tft_small_is_at_most_035x_of_its_fp32_export(tmp_path):
+    """tft_small as the bundled sample sizes it, its ranges observed on one random batch (the
+    sizes do not depend on training), against the float32 export with the same metadata."""
+    cfg = compose_train("model=tft_small", "precision=int8")
+    schema = footer_schema(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, schema, {"name": "int8"}).train()
+    with torch.no_grad():
+        model(random_batch(schema, 8))
+    set_qat_phase(model.eval(), observe=False, fake_quant=True)
+    init = model_init(cfg.model, schema)
+    int8_bytes = export_int8(model, init, tmp_path / "model_int8.safetensors", schema.to_dict())
+    fp32_bytes = fp32_export_bytes(init, schema.to_dict(), tmp_path)
+    ratio = int8_bytes / fp32_bytes
+    assert ratio <= 0.35, f"int8 export {int8_bytes} bytes, {ratio:.3f}x of fp32's {fp32_bytes}"
 
 
 def tiny(path, *extra):

@@ -4,6 +4,7 @@ master weights), then the int8 export, scored on the test split beside the fake-
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ import torch
 
 from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer
+from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision.base import Precision
+from foxhunt.precision.fp32 import export_weights
 from foxhunt.quantization.callbacks import QATSchedule
 from foxhunt.quantization.qat import prepare_qat, set_qat_phase
 from foxhunt.quantization.score import export_and_score_int8
@@ -76,7 +79,27 @@ class Int8(Precision):
         scored = export_and_score_int8(
             model, init, schema, test_batches, quantiles, path, calibration
         )
-        return {"export": str(path), "fp32_equivalent_test_loss": test_loss, **scored}
+        fp32_bytes = fp32_export_bytes(init, schema, path.parent, calibration)
+        return {
+            "export": str(path),
+            "fp32_equivalent_test_loss": test_loss,
+            **scored,
+            "export_bytes_fp32": fp32_bytes,
+        }
+
+
+def fp32_export_bytes(
+    init: dict[str, Any],
+    schema: dict[str, Any] | None,
+    where: Path,
+    calibration: dict[str, Any] | None = None,
+) -> int:
+    """The size of the float32 export of the same model with the same metadata (schema and
+    calibration, which grow with the instruments): the int8 export's yardstick. Written in a
+    temporary folder in `where`, then removed."""
+    model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **init})
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        return export_weights(model, init, Path(tmp) / "fp32.safetensors", schema, calibration)
 
 
 PRECISION = Int8

@@ -15,11 +15,27 @@ fused variable selection folds and stacks them), so here:
 The configs are symmetric with no reduce_range, so the fake-quant ranges are those of the export.
 
 Export (`export_int8`, a safetensors file with JSON metadata: no pickle) stores every
-fake-quantized weight, and the LSTMs' weights, as int8 plus per-channel scales, the learned input
-ranges, and the few other parameters in float16.
+fake-quantized weight, and the LSTMs' weights, as int8 plus per-channel scales in float16, the
+learned input ranges, and the few other parameters in float16. The scales are float16 without
+rounding anything the fake-quant model does not: when the observers freeze (`set_qat_phase`),
+each weight scale is rounded up to a float16 value, and training and the export use that one
+(a scale per 16 int8 values of a stacked weight made float32 scales 8% of tft_small's export).
+torchao's scales, computed from the weights at run time, stay float32.
 `load_int8` rebuilds the model from them: Linear weights dequantized (their outputs are the
 fake-quant model's), inputs rounded to the learned int8 grid, the LSTMs dynamically quantized
 (int8 kernels).
+
+What stays float, and why (docs/precision.md measures it):
+- biases, LayerNorm gains and shifts, the ResampleNorm masks: added or multiplied after a
+  matmul, one value per channel; float16 (about a tenth of tft_small's export);
+- the input prescalers and embeddings: they make a float vector of a scalar input or a name,
+  with no matmul to round into; float16;
+- the quantile head (`output_layer`): its outputs are the forecast, with no layer after it to
+  absorb an int8 step; its weights are float16 (0.1% of the export);
+- the highway: a linear forecast of the raw last inputs, added after the monotone head; its
+  input is not bounded as a LayerNorm'd one is (a per-tensor uint8 grid over its range would
+  round a typical move away), and its weights are 0.1% of the export; float16;
+- the LSTMs' biases (torch.ao's dynamic int8 LSTMs take float biases); float16.
 """
 
 from __future__ import annotations
@@ -217,30 +233,43 @@ def fake_quant_modules(model: nn.Module) -> list[FakeQuantize]:
 
 
 def set_qat_phase(model: nn.Module, observe: bool, fake_quant: bool) -> None:
-    """Observers on/off (off = ranges frozen), fake quantization on/off (off = float)."""
+    """Observers on/off (off = ranges frozen, weight scales rounded up to float16 values, as
+    the export stores them), fake quantization on/off (off = float)."""
     for m in model.modules():
         if _is_torchao(m):  # no observers: ranges come from the values themselves
             m.enabled = fake_quant
+        elif isinstance(m, WeightFakeQuant) and not observe and isinstance(m.fq, FakeQuantize):
+            with torch.no_grad():  # (idempotent: a resumed run rounds as an uninterrupted one)
+                m.fq.scale.copy_(half_scale(m.fq.scale).float())
     for fq in fake_quant_modules(model):
         (fq.enable_observer if observe else fq.disable_observer)()
         (fq.enable_fake_quant if fake_quant else fq.disable_fake_quant)()
+
+
+def half_scale(scale: Tensor) -> Tensor:
+    """The float16 value at or above each scale: rounding a scale up never clips a weight that
+    the float32 scale kept in range."""
+    half = scale.detach().to(torch.float16)
+    below = half.float() < scale
+    return torch.where(below, torch.nextafter(half, torch.full_like(half, torch.inf)), half)
 
 
 # --- export ---------------------------------------------------------------------------------
 
 
 def _int8(w: Tensor, stacked: bool, fq: nn.Module) -> tuple[Tensor, Tensor]:
+    """(int8 rows, their scales): float16 scales (torch.ao's, frozen), float32 (torchao's)."""
     rows = w.transpose(1, 2).reshape(-1, w.shape[1]) if stacked else w
     if _is_torchao(fq):  # its scale is the row's, computed as torchao does
         scale = rows.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).eps) / 127.5
-    else:  # the observed (and frozen) scale
-        scale = fq.scale.detach().to(torch.float32)
-    q = torch.clamp(torch.round(rows / scale[:, None]), -128, 127).to(torch.int8)
+    else:  # the observed scale, frozen as a float16 value by set_qat_phase (a no-op then)
+        scale = half_scale(fq.scale)
+    q = torch.clamp(torch.round(rows / scale.float()[:, None]), -128, 127).to(torch.int8)
     return q, scale
 
 
 def _dequant(q: Tensor, scale: Tensor, shape: torch.Size, stacked: bool) -> Tensor:
-    rows = q.to(torch.float32) * scale[:, None]
+    rows = q.to(torch.float32) * scale.float()[:, None]
     if not stacked:
         return rows
     n, i, o = shape
@@ -265,15 +294,15 @@ def _fake_quant_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
 
 def _lstm_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
     """The LSTMs' weights (float in training) as dynamic quantization will run them: int8 per
-    row."""
+    row, float16 scales."""
     weights = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.LSTM):
             for pname, w in module.named_parameters():
                 if pname.startswith("weight_"):
                     w = w.detach()
-                    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-                    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+                    scale = half_scale(w.abs().amax(dim=1).clamp(min=1e-12) / 127)
+                    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
                     key = f"{name}.{pname}"
                     weights[key] = {"q": q, "scale": scale, "shape": w.shape, "stacked": False}
     return weights
@@ -310,7 +339,7 @@ def export_int8(
     lstms = _lstm_weights(model)
     weights |= lstms
     activations = _input_quantization(model)
-    # the rest (biases, norms, prescalers, the float head: ~7% of tft_small) in float16; the
+    # the rest (biases, norms, prescalers, the float head: ~10% of tft_small) in float16; the
     # fake-quantized weights' float originals are the `.parametrizations.` entries
     floats = {
         k: v.half() if v.is_floating_point() else v

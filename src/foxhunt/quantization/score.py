@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as safetensors_bytes
 
 from foxhunt.evaluation.loss import quantile_loss
-from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
+from foxhunt.models.tft import TemporalFusionTransformer
 from foxhunt.quantization.qat import export_int8, load_int8, set_qat_phase
 
 
@@ -29,8 +28,6 @@ def export_and_score_int8(
     qat_model = qat_model.eval()
     set_qat_phase(qat_model, observe=False, fake_quant=True)
     int8_bytes = export_int8(qat_model, init, path, schema=schema, calibration=calibration)
-    float_model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **init})
-    fp32_bytes = len(safetensors_bytes(float_model.state_dict()))
     int8_model = load_int8(path)
     quantiles = quantiles.cpu()
     loss_sum = count = 0.0
@@ -49,7 +46,6 @@ def export_and_score_int8(
         "int8_model": str(path),
         "int8_test_loss": loss_sum / max(count, 1),
         "export_bytes_int8": int8_bytes,
-        "export_bytes_fp32": fp32_bytes,
         "int8_vs_fake_quant_max_abs_diff_rel_std": float(diff.max()) / ref_std,
         "int8_vs_fake_quant_mean_abs_diff_rel_std": float(diff.mean()) / ref_std,
     }
