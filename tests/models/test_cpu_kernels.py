@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -11,7 +12,7 @@ import torch
 
 from foxhunt.models import cpu_kernels, fused_vsn, vsn_ops
 from foxhunt.models.blocks import GateAddNorm
-from foxhunt.models.dropout import keep_scale
+from foxhunt.models.dropout import Dropout, keep_scale
 from foxhunt.models.fused_vsn import selected_grns
 from tests.models.test_fused_vsn import autograd_selected_grns, flat, fused_inputs
 
@@ -247,3 +248,28 @@ def test_off_runs_the_pytorch_path_whose_matmuls_the_flop_counter_sees():
     assert cpu_kernels.available(args[0], h)
     # at least the GLU's matmul g = f Wg, forward and its two gradients
     assert off - on >= 3 * 2 * n * rows * dh * 2 * h
+
+
+@needs_kernels
+def test_the_two_paths_draw_other_masks_at_the_same_rate_each_the_same_for_a_seed():
+    """As fused_vsn says: without dropout the kernels and the PyTorch path agree; with it, the
+    same seed drops other elements on each path, each at the rate p, each the same again for
+    the same seed. (A run with the kernels and one without are different draws.)"""
+    args = float32(fused_inputs(n=4, dh=16, h=32, rows=256))
+
+    def run(kernels: bool, p: float) -> torch.Tensor:
+        torch.manual_seed(11)
+        with contextlib.nullcontext() if kernels else cpu_kernels.off():
+            return selected_grns(*args, dropout=p).detach()
+
+    assert_close([run(True, 0.0)], [run(False, 0.0).double()], FORWARD_TOL)
+    assert torch.equal(run(True, 0.3), run(True, 0.3))
+    assert torch.equal(run(False, 0.3), run(False, 0.3))
+    assert not torch.allclose(run(True, 0.3), run(False, 0.3), atol=1e-3)
+    kept = {}
+    for kernels in (True, False):  # nn.Dropout's stand-in alike
+        torch.manual_seed(11)
+        with contextlib.nullcontext() if kernels else cpu_kernels.off():
+            kept[kernels] = (Dropout(0.3).train()(torch.ones(1 << 16)) != 0).float()
+        assert kept[kernels].mean().item() == pytest.approx(0.7, abs=0.01)
+    assert not torch.equal(kept[True], kept[False])

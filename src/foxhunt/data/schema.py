@@ -190,7 +190,7 @@ def found_schema(
     else:  # anchored: the level's moves (foxhunt_serve.scaling)
         std[0] = pooled_scale(moments, kind)
     centres, scales = [], []
-    if cfg.group_column and str(getattr(cfg, "target_scale", "global")) == "instrument":
+    if scales_by_instrument(cfg):
         centres, scales = instrument_scales(moments, kind, mean[0], std[0])
         statics = np.column_stack([statics, scale_input(scales, std[0])])
     static_mean, static_std = mean_std(statics)
@@ -234,7 +234,19 @@ def footer_schema(cfg: Any) -> DataSchema:
     normalization statistics: enough to size a model (the memory estimator's input)."""
     resolve_data(cfg)
     dataset = open_dataset(cfg.path)
-    return DataSchema.from_loaded(column_plan(dataset, cfg), cfg, instrument_names(dataset, cfg))
+    names = instrument_names(dataset, cfg)
+    # each instrument's target scale, an input of the model too (`found_schema`): its size
+    # now, its values (placeholders here) from the training split
+    scales = [1.0] * len(names) if scales_by_instrument(cfg) else []
+    return DataSchema.from_loaded(
+        column_plan(dataset, cfg), cfg, names, target_centres=[0.0] * len(scales),
+        target_scales=scales,
+    )  # fmt: skip
+
+
+def scales_by_instrument(cfg: Any) -> bool:
+    """Whether data config `cfg` scales the target per instrument (data.target_scale)."""
+    return bool(cfg.group_column) and str(getattr(cfg, "target_scale", "global")) == "instrument"
 
 
 def random_batch(

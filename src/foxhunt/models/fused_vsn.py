@@ -22,9 +22,15 @@ Two implementations of the same computation: in float32 on a CPU the elementwise
 C (`fused_vsn_kernels` around `cpu_kernels`: each chain one pass instead of about ten, its
 dropout mask drawn from a seed in forward and again in backward, not kept), and with a small
 variable_dim forward and backward do their matmuls row by row there too, keeping only f
-(`row_matmuls`); elsewhere (CUDA, float64, torch.export, torch.compile, a hidden size that is
-not a multiple of 16, or no C compiler at install) the PyTorch ops below. The two agree to
-float32 rounding (tests/models/test_cpu_kernels.py); their dropout masks are drawn differently.
+(`row_matmuls`); elsewhere (CUDA, float64, torch.export, a hidden size that is not a multiple of
+16, or no C compiler at install) the PyTorch ops below. Each has one backward:
+`_SelectedGRNs.backward` here, `KernelSelectedGRNs.backward` there (row by row in one C call for
+a small variable_dim, else in chunks around MKL's matmuls). The two agree to float32 rounding
+(tests/models/test_cpu_kernels.py). Their dropout masks are drawn differently: the kernels hash
+each element's index with a seed drawn from torch's generator, the PyTorch path takes torch's
+random bits (`dropout.keep_mask`). Each keeps an element with probability 1 - p (p rounded to
+1/65536) and draws the same masks for the same torch.manual_seed, but a run with the kernels
+and one without drop other elements (tested); a run's summary says which ran.
 This module chooses between them and sizes the chunks of both.
 """
 

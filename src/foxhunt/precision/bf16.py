@@ -34,7 +34,10 @@ class BF16(FP32):
             log.warning("precision=bf16: %s", NO_ONEDNN_BF16)
 
     def autocast(self, device_type: str) -> AbstractContextManager:
-        return torch.autocast(device_type, torch.bfloat16)
+        # as Lightning's bf16-mixed runs its steps: without autocast's cache of cast weights
+        # (each op casts its weight again). With the cache the memory trace held every cast
+        # weight through the step: tft_small's estimates were 2-3% (train) and 7.7% (val) high.
+        return torch.autocast(device_type, torch.bfloat16, cache_enabled=False)
 
     def memory_note(self, device: str) -> str:
         note = (

@@ -173,6 +173,8 @@ class WeightFakeQuant(nn.Module):
     def forward(self, w: Tensor) -> Tensor:
         if not self.stacked:
             return self.fq(w)
+        if not torch.is_grad_enabled():  # (a view of a weight made under no_grad needs a grad
+            w = w.detach()  # and has no grad_fn: MemTracker's module hooks fail on it; n = 1)
         n, i, o = w.shape
         rows = w.transpose(1, 2).reshape(n * o, i)
         return self.fq(rows).reshape(n, o, i).transpose(1, 2)
