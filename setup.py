@@ -33,19 +33,25 @@ if platform.machine() in ("x86_64", "AMD64"):
 
 
 class OptionalBuild(build_ext):
-    """Each kernel build that fails is left out with one line saying which and why."""
+    """Each kernel build that fails is left out with one line saying which and why, printed
+    (pip shows it with -v) and kept beside the package as `<build>.not-built`, whose line the
+    run's warning then says (`foxhunt.models.cpu_kernels.status`)."""
 
     def build_extension(self, ext: Extension) -> None:
+        note = Path(self.get_ext_fullpath(ext.name)).with_name(
+            ext.name.rpartition(".")[2] + ".not-built"
+        )
+        note.unlink(missing_ok=True)
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 (a compiler's error, whatever its type)
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            print(
-                f"foxhunt: the CPU kernels {ext.name} were not built ({reason}); training runs "
-                "the PyTorch path where they would have run (needs gcc >= 11 or clang >= 12 "
-                "with OpenMP)",
-                file=sys.stderr,
+            line = (
+                f"the compiler failed ({reason}; needs gcc >= 11 or clang >= 12 with OpenMP)"
             )
+            print(f"foxhunt: the CPU kernels {ext.name} were not built: {line}", file=sys.stderr)
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(line + "\n")
 
 
 kernels = [

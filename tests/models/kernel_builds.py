@@ -3,6 +3,7 @@ of them in a fresh process (`cpu_kernels.CUSTOM`): the sanitizer and the clang t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -26,14 +27,16 @@ def library_of(compiler: str, name: str) -> str | None:
     return found if os.path.isabs(found) and os.path.isfile(found) else None
 
 
-def build(compiler: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
-    """_vsn_kernels.c built by `compiler` with `flags` into `out`, stamped with the sources'
-    stamp as setup.py stamps it (the loader refuses any other)."""
+def build(
+    compiler: str, out: Path, *flags: str, sources: Path = ROOT / "src/foxhunt/models"
+) -> subprocess.CompletedProcess:
+    """_vsn_kernels.c of `sources` built by `compiler` with `flags` into `out`, stamped as
+    setup.py stamps a build (the sha256 of those sources: the loader refuses any other)."""
+    stamp = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(sources.glob("_vsn_*.c"))))
     return subprocess.run(
         [compiler, *flags, "-fopenmp", "-shared", "-fPIC",
-         f"-I{sysconfig.get_paths()['include']}",
-         f'-DKERNELS_SOURCE="{cpu_kernels.source_stamp()}"',
-         str(ROOT / "src/foxhunt/models/_vsn_kernels.c"), "-o", str(out)],
+         f"-I{sysconfig.get_paths()['include']}", f'-DKERNELS_SOURCE="{stamp.hexdigest()}"',
+         str(sources / "_vsn_kernels.c"), "-o", str(out)],
         capture_output=True, text=True,
     )  # fmt: skip
 

@@ -176,6 +176,22 @@ def test_a_build_that_cannot_run_falls_back_with_one_warning(
     assert out.shape == x.shape
 
 
+def test_a_build_the_compiler_failed_says_why_at_install_and_at_run(
+    fresh_status, monkeypatch, tmp_path, caplog
+):
+    """setup.py keeps a failed build's line beside the package (pip shows it only with -v):
+    the run's one warning says it."""
+    (tmp_path / "_vsn_kernels.not-built").write_text("the compiler failed (no omp.h)\n")
+    monkeypatch.setattr(cpu_kernels, "HERE", tmp_path)
+    monkeypatch.setattr(cpu_kernels, "_import", lambda build: (_ for _ in ()).throw(
+        ModuleNotFoundError(build)))  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="foxhunt.models.cpu_kernels"):
+        assert not cpu_kernels.available(torch.zeros(2, 32), 32)
+    reason = "_vsn_kernels was not built at install (the compiler failed (no omp.h))"
+    assert cpu_kernels.status() == (None, reason)
+    assert [r.getMessage() for r in caplog.records][-1].endswith(reason)
+
+
 @needs_kernels
 def test_off_holds_in_its_own_thread_only():
     """`off` is a context variable: a benchmark's FLOP count in one thread leaves the kernels

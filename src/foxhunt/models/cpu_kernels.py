@@ -91,7 +91,9 @@ def _open(build: str) -> tuple[ModuleType | None, str]:
     try:
         module = _import(build)
     except ModuleNotFoundError:
-        return None, f"{build} was not built at install (no C compiler with OpenMP?)"
+        note = HERE / f"{build}.not-built"  # (setup.py's line, where the compiler failed)
+        why = note.read_text().strip() if note.is_file() else "no C compiler with OpenMP?"
+        return None, f"{build} was not built at install ({why})"
     except (ImportError, OSError) as exc:
         return None, f"{build} failed to load: {exc}"
     if getattr(module, "ABI", None) != ABI:
