@@ -206,6 +206,13 @@ def off() -> Iterator[None]:
         _OFF.reset(token)
 
 
+def exporting() -> bool:
+    """Whether torch.export traces this (the ONNX export: its graph takes ATen's ops only).
+    torch.compiler.is_exporting() would do, but torch 2.11's dynamo answers it True under
+    torch.compile too; the flag it reads (set by torch.export, strict or not) says which."""
+    return bool(getattr(torch.compiler, "_is_exporting_flag", torch.compiler.is_exporting()))
+
+
 @torch.compiler.assume_constant_result
 def _runs() -> bool:
     """The library runs and is not turned `off`; under torch.compile, read as a constant when
@@ -218,7 +225,7 @@ def available(x: Tensor, hidden: int = LANES) -> bool:
     graph, the ONNX export's, takes ATen's ops only), a hidden size that is a multiple of 16,
     with the library built, not turned `off`. torch.compile keeps them in its graph, as ops."""
     return (
-        not torch.compiler.is_exporting()
+        not exporting()
         and _runs()
         and x.device.type == "cpu"
         and x.dtype == torch.float32

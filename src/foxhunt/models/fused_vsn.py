@@ -336,7 +336,7 @@ def selected_grns(
     tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     h = norm[0].shape[-1]
-    if torch.compiler.is_exporting():
+    if cpu_kernels.exporting():
         # torch.export (and the ONNX export) sees the forward as plain tensor ops, in chunks
         # fixed by the weights' sizes: its rows are a symbolic batch
         out = _forward(*tensors, dropout, _export_chunks(n, h))
