@@ -54,3 +54,16 @@ def run_kernel_tests(module: Path, **env: str) -> str:
     assert run.returncode == 0, out[-5000:]
     assert " passed" in out and "the C kernels are not built here" not in out, out[-5000:]
     return out
+
+
+def load_in_process(module: Path, probe: str) -> tuple[str, list[str]]:
+    """Python code `probe` run in a fresh process on the build `module`: its stdout, and the
+    kernels' warnings ("CPU kernels do not run: ...") among its stderr's lines."""
+    run = subprocess.run(
+        [sys.executable, "-c", probe], env=os.environ | {cpu_kernels.CUSTOM: str(module)},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout, [
+        line for line in run.stderr.splitlines() if "CPU kernels do not run" in line
+    ]

@@ -7,14 +7,12 @@ reach it too), each clang build passes the kernel tests."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 
 from foxhunt.models import cpu_kernels
-from tests.models.kernel_builds import build, library_of, run_kernel_tests
+from tests.models.kernel_builds import build, library_of, load_in_process, run_kernel_tests
 
 LIBOMP = library_of("clang", "libomp.so.5")
 needs_clang = pytest.mark.skipif(
@@ -40,17 +38,12 @@ def test_a_clang_build_beside_a_torch_on_gnus_openmp_is_refused_with_one_warning
     if not any("gomp" in lib for lib in cpu_kernels.openmp_runtimes()):
         pytest.skip("this torch does not run GNU's OpenMP")
     module = clang_build(tmp_path, "_vsn_kernels")
-    probe = "from foxhunt.models import cpu_kernels as c; print(c.status().build)"
-    run = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=os.environ | {cpu_kernels.CUSTOM: str(module)},
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip() == "None"
-    warning = [line for line in run.stderr.splitlines() if "CPU kernels do not run" in line]
-    assert len(warning) == 1 and "another OpenMP runtime" in warning[0], run.stderr
-    assert "libomp" in warning[0] and "CC=gcc" in warning[0], warning[0]
+    out, warnings = load_in_process(
+        module, "from foxhunt.models import cpu_kernels as c; print(c.status().build)"
+    )
+    assert out.strip() == "None"
+    assert len(warnings) == 1 and "another OpenMP runtime" in warnings[0], warnings
+    assert "libomp" in warnings[0] and "CC=gcc" in warnings[0], warnings[0]
 
 
 @pytest.mark.slow  # a build (2-4 s) and the kernel tests (about 10 s) per build

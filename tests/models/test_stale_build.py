@@ -3,15 +3,12 @@ edit to the C file) is refused, not called (full tier: a gcc build)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from foxhunt.models import cpu_kernels
-from tests.models.kernel_builds import ROOT, build
+from tests.models.kernel_builds import ROOT, build, load_in_process
 
 
 @pytest.mark.slow  # a build (3 s) and a process that loads it
@@ -30,12 +27,6 @@ def test_a_build_from_older_sources_is_refused_and_the_pytorch_path_runs(tmp_pat
         "x = torch.ones(4096); y = dropout.Dropout(0.5).train()(x); "
         "print(c.status().build, sum(c.CALLS.values()), int((y == 0).sum()) > 0)"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=os.environ | {cpu_kernels.CUSTOM: str(module)},
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["None", "0", "True"]  # refused, never called, PyTorch ran
-    warnings = [line for line in run.stderr.splitlines() if "CPU kernels do not run" in line]
-    assert len(warnings) == 1 and "built from other sources" in warnings[0], run.stderr
+    out, warnings = load_in_process(module, probe)
+    assert out.split() == ["None", "0", "True"]  # refused, never called, PyTorch ran
+    assert len(warnings) == 1 and "built from other sources" in warnings[0], warnings
