@@ -141,7 +141,7 @@ def test_dropout_uses_one_mask_forward_and_backward(monkeypatch, path, recompute
     torch.manual_seed(3)
     out = selected_grns(*args32, dropout=p, recompute=recompute)
     torch.manual_seed(3)
-    seed = cpu_kernels.draw_seed(args32[0])
+    seed = cpu_kernels.draw_seed(p)
     keep = kernel_mask(n, rows, dh, seed, p).transpose(0, 1).double()
     rate = 1 - 1 / keep_scale(p, args32[0])  # p rounded to 1/65536, as the kernels drop
     expected = autograd_selected_grns(*args, keep=keep, p=rate)

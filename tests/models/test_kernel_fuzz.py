@@ -70,7 +70,7 @@ def test_the_kernels_match_autograd_on_drawn_cases(case):
         keep, rate = None, 0.0
         if p:  # the kernels' mask, drawn again from the seed the selection drew
             torch.manual_seed(case["seed"])
-            seed = cpu_kernels.draw_seed(args32[0])
+            seed = cpu_kernels.draw_seed(p)
             keep = kernel_mask(n, rows, dh, seed, p).transpose(0, 1).double()
             rate = 1 - 1 / keep_scale(p, args32[0])
         expected = autograd_selected_grns(*args, keep=keep, p=rate)

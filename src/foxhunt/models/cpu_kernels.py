@@ -155,12 +155,13 @@ def status() -> Status:
         reason = _open("_vsn_kernels")[1] or "this CPU runs none of the builds"
     elif not shares_torch_openmp(load(runs[0])):
         loaded = openmp_runtimes()
-        names = {Path(lib).name.split(".")[0] for lib in loaded}
         reason = (
-            f"they would run on another OpenMP runtime than torch's (loaded: "
-            f"{', '.join(loaded) or 'none found'})"
-        ) + ("; a clang build on LLVM's beside torch's GNU one: build them with gcc "
-             "(CC=gcc pip install -e .)" if {"libomp", "libgomp"} <= names else "")  # fmt: skip
+            "they would run on another OpenMP runtime than torch's "
+            f"(loaded: {', '.join(loaded) or 'none found'})"
+        )
+        if {"libomp", "libgomp"} <= {Path(lib).name.split(".")[0] for lib in loaded}:
+            reason += "; a clang build on LLVM's beside torch's GNU one: build them with gcc "
+            reason += "(CC=gcc pip install -e .)"
     else:
         return Status(runs[0], "")
     log.warning("foxhunt's CPU kernels do not run, the PyTorch paths do: %s", reason)
@@ -340,7 +341,7 @@ torch.library.register_autograd(
 )
 
 
-def draw_seed(x: Tensor, p: float = 1.0) -> Tensor:
+def draw_seed(p: float) -> Tensor:
     """A seed for the hashed dropout masks at rate p, drawn from torch's generator
     (torch.manual_seed fixes the masks, a checkpoint's RNG state resumes them), or 0 where
     nothing is dropped. A tensor, the ops' argument: torch.compile draws it in its graph."""

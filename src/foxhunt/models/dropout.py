@@ -58,6 +58,6 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0 or not fast_masks(x):
             return F.dropout(x, self.p, self.training, self.inplace)
         if cpu_kernels.available(x):  # (its backward hashes the mask again)
-            seed = cpu_kernels.draw_seed(x)
+            seed = cpu_kernels.draw_seed(self.p)
             return cpu_kernels.dropout(x.contiguous(), seed, self.p, keep_scale(self.p, x))
         return x.mul(keep_mask(x, self.p)).mul_(keep_scale(self.p, x))

@@ -364,7 +364,7 @@ def _select(
     if not save:
         chunks = _chunks(n, rows, h, x)
         if kernel:
-            return kernel_forward(*tensors, dropout, cpu_kernels.draw_seed(x, dropout), chunks)
+            return kernel_forward(*tensors, dropout, cpu_kernels.draw_seed(dropout), chunks)
         return _forward(*tensors, dropout, chunks)
     if kernel:  # (its backward goes over the forward's chunks)
         return KernelSelectedGRNs.apply(*tensors, dropout, save, recompute, _chunks(n, rows, h, x))

@@ -125,7 +125,7 @@ class KernelSelectedGRNs(torch.autograd.Function):
         x, W2, gamma = tensors[0], tensors[4], tensors[13]
         n, rows = x.shape
         dh, h = W2.shape[-1], gamma.shape[-1]
-        seed = cpu_kernels.draw_seed(x, dropout)
+        seed = cpu_kernels.draw_seed(dropout)
         keep = save and not recompute
         f_all = x.new_empty(n, rows, dh) if keep else None
         # the row path's backward makes g again from f (`vsn_ops.backward_rows`)
