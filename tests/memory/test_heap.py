@@ -27,7 +27,7 @@ def faults_per_block(times):
 
 default = faults_per_block(4)
 kept = keep_freed_memory()
-print(json.dumps({"default": default, "kept": kept, "after": faults_per_block(8)}))
+print(json.dumps({"default": default, "kept": kept, "after": faults_per_block(32)}))
 """
 
 
@@ -38,7 +38,8 @@ def test_a_freed_block_comes_back_without_page_faults():
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     pages = (64 << 20) // 4096  # of one block
-    # malloc's default maps each 64 MiB block afresh; kept, the heap grows to hold the block
-    # (its first one to three times, measured) and then serves it without a fault
+    # malloc's default maps each 64 MiB block afresh; kept, the heap grows to hold the block a
+    # few times (1 to 7 in 100 processes, measured: it depends on the address layout) and then
+    # serves it without a fault
     assert min(result["default"][1:]) > pages / 2, result
-    assert result["kept"] and max(result["after"][-3:]) < pages / 20, result
+    assert result["kept"] and max(result["after"][-8:]) < pages / 20, result
