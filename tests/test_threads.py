@@ -74,3 +74,29 @@ def test_the_user_s_setting_and_off_win(monkeypatch, restore_threads):
     monkeypatch.delenv("FOXHUNT_THREADS")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's, or a launcher's share
     assert threads.off()
+
+
+def test_a_rank_gets_its_share_of_its_node_not_of_the_machine(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 8)  # this node's, for this process
+    assert threads.rank_cpus(env={}) == 8  # one process
+    # torchrun: LOCAL_WORLD_SIZE processes on this node (WORLD_SIZE counts every node's)
+    assert threads.rank_cpus(env={"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "16"}) == 2
+    assert threads.rank_cpus(env={"LOCAL_WORLD_SIZE": "3"}) == 2
+    assert threads.rank_cpus(env={"LOCAL_WORLD_SIZE": "16"}) == 1  # at least one
+    # the Trainer's processes on this node, once it runs, over the launcher's count
+    assert threads.rank_cpus(2, env={"LOCAL_WORLD_SIZE": "4"}) == 4
+    # SLURM: CPUs per task where given; else the job's CPUs on this node over its tasks here
+    assert threads.rank_cpus(env={"SLURM_CPUS_PER_TASK": "3", "LOCAL_WORLD_SIZE": "4"}) == 3
+    assert threads.rank_cpus(env={"SLURM_CPUS_PER_TASK": "32"}) == 8  # capped by usable
+    slurm_node = {"SLURM_CPUS_ON_NODE": "6", "SLURM_NTASKS_PER_NODE": "2"}
+    assert threads.rank_cpus(env=slurm_node) == 3
+
+
+def test_use_cpus_sets_the_rank_s_share(monkeypatch, restore_threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("FOXHUNT_THREADS", raising=False)
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert threads.use_cpus() == 1 and torch.get_num_threads() == 1

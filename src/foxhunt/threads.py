@@ -10,6 +10,11 @@ OpenMP's defaults and sizes the intra-op threads to the CPUs the other processes
 
 - `usable_cpus`: the CPUs this process may run on (its affinity mask, capped by a cgroup CPU
   quota such as `docker --cpus`), where torch counts every CPU of the host;
+- `rank_cpus`: one process's share of its node when several share it: the usable CPUs over the
+  node's processes (torchrun's LOCAL_WORLD_SIZE; the Trainer's processes per node once it
+  runs), or SLURM's CPUs per task (SLURM_CPUS_PER_TASK; else SLURM_CPUS_ON_NODE over
+  SLURM_NTASKS_PER_NODE) where SLURM set them. Ranks on other nodes do not count: each node
+  has its own CPUs;
 - `CpuShare`: between batches, at most every `interval_s`, how busy the other processes kept
   those CPUs since the last look (/proc/stat's busy time less this process's own CPU time);
   the threads are the CPUs left, at least one. Quiet, that is all of them; beside another
@@ -17,22 +22,26 @@ OpenMP's defaults and sizes the intra-op threads to the CPUs the other processes
   thread each, and both go back to all when alone again. (Lightning's and torch's tuners do not
   do this: they size threads once, from the core count.)
 
-`FOXHUNT_THREADS=off`, or OMP_NUM_THREADS set by the user (as joblib's workers and Lightning's
-DDP processes have it: their share), leaves the threads as they are; a run with
-`trainer.deterministic=true` keeps the count it started with (`usable_cpus()`), so that its
-result does not depend on the machine's load.
+`FOXHUNT_THREADS=off`, or OMP_NUM_THREADS set by the user (as joblib's workers have it: their
+share; torchrun sets 1 with --nproc-per-node above 1), leaves the threads as they are; a run
+with `trainer.deterministic=true` keeps the count it started with (`rank_cpus()`), so that its
+result does not depend on the machine's load; so does a DDP process (`rank_cpus` of the
+Trainer's processes per node, where Lightning's launcher would count the affinity alone).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning as L
 import torch
 
+log = logging.getLogger(__name__)
 clock = time.monotonic  # seconds (a test replaces it)
 
 
@@ -71,6 +80,22 @@ def usable_cpus() -> int:
     return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
 
 
+def rank_cpus(local_processes: int | None = None, env: Mapping[str, str] = os.environ) -> int:
+    """This process's share of its node's usable CPUs: SLURM's CPUs per task where set, else
+    the node's CPUs (`usable_cpus()`, capped by SLURM_CPUS_ON_NODE) over the processes on
+    this node: `local_processes`, else the launcher's count (torchrun's LOCAL_WORLD_SIZE,
+    SLURM_NTASKS_PER_NODE), else 1. At least 1."""
+    cpus = usable_cpus()
+    if env.get("SLURM_CPUS_PER_TASK"):
+        return max(1, min(cpus, int(env["SLURM_CPUS_PER_TASK"])))
+    if env.get("SLURM_CPUS_ON_NODE"):
+        cpus = min(cpus, int(env["SLURM_CPUS_ON_NODE"]))
+    if local_processes is None:
+        launcher = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+        local_processes = int(launcher)
+    return max(1, cpus // max(1, local_processes))
+
+
 def busy_seconds(cpus: set[int], stat: Path = Path("/proc/stat")) -> float | None:
     """CPU seconds `cpus` spent busy since boot, all processes together (None without
     /proc/stat): user, nice, system, irq, softirq and steal time."""
@@ -98,7 +123,7 @@ class CpuShare:
     (see the module); `update()` between batches."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
-        self.cpus = usable_cpus()
+        self.cpus = rank_cpus()
         self.affinity = _affinity()
         self.interval_s = interval_s
         self.threads = torch.get_num_threads()
@@ -136,35 +161,52 @@ class CpuShare:
 
 
 def use_cpus() -> int | None:
-    """Intra-op threads = `usable_cpus()` unless `off()`; the count set."""
+    """Intra-op threads = `rank_cpus()` unless `off()`; the count set."""
     if off():
         return None
-    threads = usable_cpus()
+    threads = rank_cpus()
     torch.set_num_threads(threads)
     return threads
 
 
 class ShareCpus(L.Callback):
-    """`CpuShare.update()` before every training, validation and test batch of a run on the
-    CPU with one process (DDP and joblib's workers get their share from the launcher).
-    `fixed` (a run with trainer.deterministic=true): the thread count stays as it started, since
-    a reduction split over another number of threads sums in another order, and the result
-    would depend on how busy the machine was."""
+    """The threads of a run, set when it starts: a DDP process's share of its node (the
+    Trainer's processes per node, `rank_cpus`), fixed; one process on the CPU follows
+    `CpuShare.update()` before every training, validation and test batch. `fixed` (a run with
+    trainer.deterministic=true): the thread count stays as it started, since a reduction
+    split over another number of threads sums in another order, and the result would depend
+    on how busy the machine was. The count is logged (`threads: ...`) on every rank."""
 
     def __init__(self, fixed: bool = False) -> None:
         self.fixed = fixed
+        # read before fit: Lightning's DDP launcher sets OMP_NUM_THREADS itself in fit()
+        self.ours = not off()
         self.share: CpuShare | None = None
-        self.found = 0  # the thread count at setup
+        self.found: int | None = None  # the thread count at setup
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        cpu = trainer.strategy.root_device.type == "cpu"
-        if self.share is None and cpu and trainer.world_size == 1 and not (off() or self.fixed):
+        if not self.ours or self.found is not None:
+            return
+        self.found = torch.get_num_threads()
+        processes = getattr(trainer.strategy, "num_processes", 1)  # on this node
+        if trainer.world_size > 1:
+            torch.set_num_threads(rank_cpus(processes))
+        elif trainer.strategy.root_device.type == "cpu" and not self.fixed and self.share is None:
             self.share = CpuShare()
-            self.found = torch.get_num_threads()
+        if stage == "fit":
+            log.info(
+                "threads: %d on rank %d of %d (%d usable CPUs on this node, %d processes here)",
+                torch.get_num_threads(),
+                trainer.global_rank,
+                trainer.world_size,
+                usable_cpus(),
+                processes,
+            )
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.share is not None:  # the process's count as the run found it (the next run
+        if self.found is not None:  # the process's count as the run found it (the next run
             torch.set_num_threads(self.found)  # in this process, a study's, starts from it)
+            self.found = None
 
     def _update(self, *args: object) -> None:
         if self.share is not None:

@@ -49,6 +49,7 @@ from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import cpu_kernels
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
+from foxhunt.run.ranks import other_rank
 from foxhunt.run.resume import resume_source
 from foxhunt.training.checkpoint_io import annotate_checkpoint, read_checkpoint_hparams
 from foxhunt.training.module import TFTModule, model_init
@@ -144,9 +145,10 @@ def prepare(cfg: DictConfig, run_dir: Path) -> RunDir:
     """Check the config and the run directory before any data is read; seed everything."""
     validate(cfg)
     run = RunDir(run_dir)
-    for directory in (run.path, run.checkpoints):
-        check_writable(directory)
-    remove_stale_temps(run.path, run.checkpoints)  # of a killed earlier attempt
+    if not other_rank():  # rank 0 writes the run's files: the other DDP processes none
+        for directory in (run.path, run.checkpoints):
+            check_writable(directory)
+        remove_stale_temps(run.path, run.checkpoints)  # of a killed earlier attempt
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     return run
 
@@ -160,7 +162,8 @@ def resume_point(
     if not resume_from:
         return Resumed()
     ckpt_path, hparams, _ = read_checkpoint_hparams(resume_from)
-    remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
+    if not other_rank():
+        remove_stale_temps(ckpt_path.parent)  # what a kill there during a save left
     check_same_model(hparams, plain(cfg.model), precision)
     # continuing in the checkpoint's own run directory (hydra.run.dir=<that run>, or a
     # resumed sweep's job); otherwise the new run directory leaves the old one untouched

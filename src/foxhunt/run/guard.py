@@ -9,12 +9,14 @@ conf/train.yaml), where a refusal costs nothing already written:
   ends), so a second run into it stops at once;
 - a fresh run into a directory that holds an earlier run's results is refused, unless it
   continues that run (`ckpt_path=` one of its checkpoints, or `resume=auto` of the same
-  experiment); a sweep directory likewise, unless `+sweep.resume=true`.
+  experiment); a sweep directory likewise, unless `+sweep.resume=true`;
+- a DDP process after the first checks nothing: rank 0 holds the lock for them all. Under a
+  launcher (torchrun, `foxhunt.run.ranks`) rank 0 then hands its run directory to the others,
+  which wait for it here, before their Hydra writes anything.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from omegaconf import DictConfig
 
 from foxhunt.errors import FoxhuntError
 from foxhunt.files import check_writable
-from foxhunt.run import resume
+from foxhunt.run import ranks, resume
 from foxhunt.run.dir import RunDir
 
 LOCK_NAME = ".foxhunt.lock"
@@ -61,11 +63,6 @@ def claim(run_dir: Path, continues: bool, resumable: str) -> FileLock:
     return held
 
 
-def _other_process() -> bool:
-    """A DDP process after the first: Lightning re-runs the command into the same directory."""
-    return any(int(os.environ.get(k, "0") or 0) > 0 for k in ("LOCAL_RANK", "RANK", "NODE_RANK"))
-
-
 class RunDirectoryGuard(Callback):
     """The checks of this module as a Hydra callback. `results=False` (predict, interpret):
     only that the run directory is writable."""
@@ -76,11 +73,9 @@ class RunDirectoryGuard(Callback):
         # runs each in turn), or with the process
         self.held: FileLock | None = None
 
-    def _guard(self, check: Any) -> None:
-        if _other_process():
-            return
+    def _guard(self, check: Any) -> Any:
         try:
-            self.held = check()
+            return check()
         except FoxhuntError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
@@ -97,16 +92,23 @@ class RunDirectoryGuard(Callback):
         return {**self.__dict__, "held": None}
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if ranks.other_rank():  # rank 0 has checked and locked the run directory
+            self._guard(lambda: ranks.follow_run_dir(config, None))
+            return
         # resolving hydra.run.dir here fixes it (Hydra caches ${now:...}) for run_job after
         run_dir = Path(config.hydra.run.dir).resolve()
         if not self.results:
-            return self._guard(lambda: check_writable(run_dir))  # no lock
-        continues = resume.continues(config, RunDir(run_dir))
-        hint = "continue it with resume=auto or ckpt_path=<one of its checkpoints>"
-        self._guard(lambda: claim(run_dir, continues, hint))
+            self._guard(lambda: check_writable(run_dir))  # no lock
+        else:
+            continues = resume.continues(config, RunDir(run_dir))
+            hint = "continue it with resume=auto or ckpt_path=<one of its checkpoints>"
+            self.held = self._guard(lambda: claim(run_dir, continues, hint))
+        self._guard(lambda: ranks.follow_run_dir(config, run_dir))  # a launcher's other ranks
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if ranks.other_rank():
+            return
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         continues = bool(config.get("sweep", {}).get("resume"))
         hint = "continue it with +sweep.resume=true"
-        self._guard(lambda: claim(sweep_dir, continues, hint))
+        self.held = self._guard(lambda: claim(sweep_dir, continues, hint))

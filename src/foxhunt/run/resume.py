@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import CheckpointError, ConfigError, FoxhuntError
+from foxhunt.run import ranks
 from foxhunt.run.dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,12 @@ def continues(config: DictConfig, run: RunDir) -> bool:
 
 
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
-    """The newest `last.ckpt` of an earlier run of the same experiment: a run directory
-    beside this one (outputs/<date>/<time>/), or this one itself when it is run again (a
-    requeued cluster job)."""
+    """The `last.ckpt` of an earlier run of the same experiment: this run's own when it is
+    run again (a requeued cluster job: never another's, which may be newer), else the newest
+    of the run directories beside this one (outputs/<date>/<time>/)."""
+    own = RunDir(run_dir)
+    if own.last_ckpt.is_file() and same_experiment(own, overrides):
+        return own.last_ckpt
     found = [
         r.last_ckpt
         for r in RunDir(run_dir).siblings()
@@ -72,10 +76,18 @@ def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> P
         return None
     if cfg.ckpt_path:
         raise ConfigError("give either ckpt_path or resume, not both")
-    found = find_previous_run(run_dir, overrides)
+    # the ranks of a launcher (torchrun) take rank 0's answer: a newer run may appear meanwhile
+    found = ranks.decided("resume", lambda: _previous_run(cfg.resume, run, overrides))
+    return None if found is None else Path(found)
+
+
+def _previous_run(resume: str, run: RunDir, overrides: Sequence[str]) -> str | None:
+    """`resume=auto`'s answer (`find_previous_run`), said in the log; an error when there is
+    none, unless resume=auto_or_new."""
+    found = find_previous_run(run.path, overrides)
     if found is not None:
-        log.info("resume=%s: resuming from %s", cfg.resume, found)
-    elif cfg.resume == "auto_or_new":
+        log.info("resume=%s: resuming from %s", resume, found)
+    elif resume == "auto_or_new":
         log.info("resume=auto_or_new: no earlier run of this experiment, starting fresh")
     else:
         raise CheckpointError(
@@ -83,7 +95,7 @@ def resume_source(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> P
             f"checkpoints/last.ckpt under {run.path.resolve().parents[1]}; "
             "use resume=auto_or_new to start fresh"
         )
-    return found
+    return None if found is None else str(found)
 
 
 def pinned_resume(argv: list[str], ckpt_path: Path | None) -> list[str]:
