@@ -19,10 +19,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.app import tracking
 from foxhunt.app.ddp import ddp_strategy
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
-from foxhunt.errors import ConfigError
+from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.memory.callbacks import memory_callbacks
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models.tft import UNSAVED_DEFAULTS
@@ -87,6 +88,7 @@ def assemble(
         plugins=[SafeCheckpointIO()],
     )
     precision.check_device(trainer.strategy.root_device)  # before any data is read
+    tracking.log_config(cfg, trainer.loggers)  # logger=mlflow: the config as the run's params
     datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
     datamodule.setup()
     for warning in filter(None, [datamodule.zone_warning, *datamodule.target_warnings]):
@@ -130,11 +132,14 @@ def _as_config_error(what: str) -> Iterator[None]:
     try:
         yield
     except (InstantiationException, MisconfigurationException, ValueError, TypeError) as exc:
+        if isinstance(exc.__cause__, FoxhuntError):  # the target's own one line
+            raise exc.__cause__ from None
         raise ConfigError(f"invalid {what} setting: {' '.join(str(exc).split())}") from None
 
 
-def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger:
-    """The logger group's `_target_`, writing into the run directory."""
+def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger | list[Logger]:
+    """The logger group's `_target_`, writing into the run directory (logger=mlflow: the CSV
+    logger and MLflow's, `foxhunt.app.tracking`)."""
     # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
     # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
     version = ""

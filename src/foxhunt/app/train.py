@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 from omegaconf import DictConfig
 
+from foxhunt.app import tracking
 from foxhunt.app.assemble import Assembled, Resumed, assemble, check_same_model, plain
 from foxhunt.app.ddp import before_other_processes
 from foxhunt.app.report import report_run
@@ -120,6 +121,7 @@ def _train(
         if cfg.report and test:  # after the summary: nothing here can lose it
             with phase("report"):
                 _report(cfg, run.path, summary, parts.module, parts.datamodule)
+        tracking.publish(cfg, run.path, summary, parts.trainer.loggers)  # logger=mlflow
         log.info("run: %s", ", ".join(f"{k} {v:g} s" for k, v in phase.seconds.items()))
     parts.trainer.strategy.barrier("summary")  # the other processes end with rank 0
     return summary

@@ -42,7 +42,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from foxhunt.app import backtest
+from foxhunt.app import backtest, tracking
 from foxhunt.app.backtest import Fold
 from foxhunt.app.study import JOURNAL as JOURNAL  # re-exported, as tests name it
 from foxhunt.app.study import (
@@ -92,6 +92,7 @@ def tune(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     study_dir.mkdir(parents=True, exist_ok=True)
     study = open_study_or_explain(cfg, name, study_dir, cfg.seed)
     same_plan(study, plan)
+    cfg = tracking.study_run(cfg, study)  # logger=mlflow: the study's run, its trials nested
     if not cfg.tune.worker:  # one process re-queues a dead worker's trials: the first
         recover(study, cfg.tune.grace_s)
     log.info("tune: study %s in %s, %d folds", name, storage_label(cfg, study_dir), len(folds))
@@ -248,8 +249,8 @@ def run_and_tell(
     started = time.perf_counter()
     state, value = TrialState.COMPLETE, None
     try:
-        with Heartbeat(trial, cfg.tune.heartbeat_s):
-            value = run_trial(cfg, folds, trial, study_dir)
+        with Heartbeat(trial, cfg.tune.heartbeat_s), tracking.trial_run(cfg, trial) as trial_cfg:
+            value = run_trial(trial_cfg, folds, trial, study_dir)
     except (optuna.TrialPruned, OutOfMemoryAtMinimum, _Invalid) as why:
         state = TrialState.PRUNED
         trial.set_user_attr("pruned", str(why) or "by the pruner")
@@ -451,6 +452,7 @@ def summarize(cfg: DictConfig, study: optuna.Study, study_dir: Path) -> dict[str
         summary["refit"] = refit(cfg, params, study_dir / f"refit-trial-{best.number}")
     write_json(study_dir / SUMMARY, summary)
     write_text(study_dir / REPORT, write_report(summary, study, study_dir))
+    tracking.log_study(cfg, summary, study_dir)  # logger=mlflow: DSR, PBO, the report
     return summary
 
 
