@@ -1,6 +1,7 @@
 """logger=mlflow (foxhunt.app.tracking) against a real `mlflow server` on localhost, backed by
-the PostgreSQL CI starts (FOXHUNT_TEST_POSTGRES; the server's database is <that db>_mlflow),
-each pytest worker its own server on a free port, read back through `mlflow.MlflowClient`."""
+the PostgreSQL CI starts (FOXHUNT_TEST_POSTGRES; the server's database is <that db>_mlflow), read
+back through `mlflow.MlflowClient`: the server .ci/run starts (FOXHUNT_TEST_MLFLOW, its URL), or
+else each pytest worker's own on a free port."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """This worker's `mlflow server` (one worker process, artifacts under a tmp dir); started
     under a lock across workers, so that one at a time migrates the shared database."""
     pytest.importorskip("mlflow")
+    if uri := os.environ.get("FOXHUNT_TEST_MLFLOW"):  # the server .ci/run started
+        deadline = time.monotonic() + STARTUP_S
+        while (why := tracking.unreachable(uri, 1.0)) is not None:
+            assert time.monotonic() < deadline, f"FOXHUNT_TEST_MLFLOW={uri}: {why}"
+            time.sleep(0.5)
+        yield uri
+        return
     database = mlflow_database()
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()

@@ -9,13 +9,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from foxhunt.app.train import train
+from foxhunt.run.dir import RunDir
+from foxhunt.run.resume import find_previous_run
 from foxhunt.threads import usable_cpus
 from foxhunt.training.checkpointing import Interrupted
 from tests.helpers import (
@@ -49,6 +53,38 @@ def test_resume_auto_takes_the_newest_run_of_the_same_experiment(tmp_path, table
     assert resumed["epochs"] == 2
     assert resumed["run_dir"] != first["run_dir"]
     assert _digest(Path(first["run_dir"]) / "checkpoints") == before  # never overwritten
+
+
+def _run_of(path: Path, overrides: list[str], age_s: float | None) -> Path:
+    """A run directory with its overrides and (unless `age_s` is None) a `last.ckpt` written
+    `age_s` seconds ago."""
+    (path / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(overrides), path / ".hydra" / "overrides.yaml")
+    last = RunDir(path).last_ckpt
+    if age_s is not None:
+        last.parent.mkdir()
+        last.write_bytes(b"")
+        os.utime(last, (time.time() - age_s,) * 2)
+    return last
+
+
+def test_resume_auto_takes_its_own_checkpoint_and_never_a_live_runs(tmp_path):
+    experiment, runs = ["model.hidden_dim=8"], tmp_path / "outputs" / "2026-12-05"
+    older = _run_of(runs / "10-00-00", experiment, age_s=60)
+    live = _run_of(runs / "11-00-00", experiment, age_s=0)
+    this = _run_of(runs / "12-00-00", experiment, age_s=None).parents[1]
+    assert find_previous_run(this, experiment) == live  # the newest, while nothing holds it
+    hold = "import sys; from filelock import FileLock; held = FileLock(sys.argv[1]); held.acquire()"
+    hold += "; print(1, flush=True); sys.stdin.read()"  # held until this test closes stdin
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(RunDir(live.parents[1]).lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdout.readline() == "1\n"  # a run training there now
+        assert find_previous_run(this, experiment) == older
+        own = _run_of(this, experiment, age_s=120)  # a requeued job: its own, though oldest
+        assert find_previous_run(this, experiment) == own
+        holder.stdin.close()
 
 
 def test_resume_auto_with_nothing_to_resume_is_an_error(tmp_path, table_path):

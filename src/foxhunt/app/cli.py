@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,7 +63,10 @@ def task(fn: Callable[..., Any], words: tuple[str, ...] = ()) -> Callable[..., A
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         sys.argv[1:1] = words
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if _in_multirun():  # a job that writes no summary.json (a study's worker) is ok too
+                _record_status("ok", "")
+            return result
         except FoxhuntError as exc:
             if _full_error():
                 raise
@@ -79,11 +83,21 @@ def task(fn: Callable[..., Any], words: tuple[str, ...] = ()) -> Callable[..., A
             # the whole command stops (a sweep too); the sweep summary will show this job
             print(f"interrupted: {exc}", file=sys.stderr)
             _record_status("interrupted", str(exc))
+            _hand_on(exc.signum)
             sys.exit(128 + exc.signum)
         finally:
             del sys.argv[1 : 1 + len(words)]
 
     return wrapper
+
+
+def _hand_on(signum: int) -> None:
+    """SIGUSR2 (SLURM's warning of the time limit, or a preemption) handed on, now that the
+    checkpoint is written, to the handler the process had: submitit's requeues the job (which
+    resumes with resume=auto_or_new) and exits. Without one the run exits as for SIGTERM."""
+    handler = signal.getsignal(signum)
+    if signum == getattr(signal, "SIGUSR2", None) and callable(handler):
+        handler(signum, None)
 
 
 def _in_multirun() -> bool:

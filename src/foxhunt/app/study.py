@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -142,6 +144,7 @@ def recover(study: optuna.Study, grace_s: float) -> None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = t.user_attrs
         gone = attrs.get("host") == HOST and not _alive(int(attrs.get("pid", -1)))
+        gone = gone or _slurm_job_ended(attrs.get("slurm_job"))
         silent = time.time() - float(attrs.get("alive_at", time.time())) > grace_s
         if not (gone or silent):
             continue
@@ -149,6 +152,25 @@ def recover(study: optuna.Study, grace_s: float) -> None:
         study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
         log.warning("tune: trial %d was left running by a dead worker; queued again", t.number)
+
+
+def _slurm_job_ended(job: str | None) -> bool:
+    """Whether the SLURM job that ran a trial has ended, cancelled, failed, or was requeued
+    (its trial then runs no more), by the cluster's accounting; False where sacct cannot say."""
+    if job is None or shutil.which("sacct") is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    lines = done.stdout.split("\n")  # its state, such as "CANCELLED by 0"
+    state = lines[0].split()[0] if done.returncode == 0 and lines[0].strip() else "RUNNING"
+    return state not in ("RUNNING", "COMPLETING")
 
 
 def _alive(pid: int) -> bool:
@@ -164,9 +186,20 @@ def _alive(pid: int) -> bool:
 
 
 def mark_worker(trial: optuna.Trial) -> None:
-    """The trial's host and process, which `recover` checks are still alive."""
+    """The trial's host and process (and SLURM job), which `recover` checks are still alive."""
     trial.set_user_attr("host", HOST)
     trial.set_user_attr("pid", os.getpid())
+    if job := slurm_job():
+        trial.set_user_attr("slurm_job", job)
+
+
+def slurm_job() -> str | None:
+    """This process's SLURM job as squeue, sacct and scancel name it (<array>_<task> in an
+    array), or None outside SLURM."""
+    env = os.environ
+    if "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
 
 
 class Heartbeat:

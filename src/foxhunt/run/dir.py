@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 LAST_CKPT = "last.ckpt"  # the latest checkpoint's name (training.checkpointing writes it)
+LOCK_NAME = ".foxhunt.lock"  # held by the live run (foxhunt.run.guard)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,22 @@ class RunDir:
     def overrides(self) -> Path:
         """The command line's overrides: what identifies the experiment for resume."""
         return self.hydra / "overrides.yaml"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK_NAME
+
+    def in_use(self) -> bool:
+        """Whether a live run in another process holds this directory's lock."""
+        if not self.lock.exists():
+            return False
+        probe = FileLock(self.lock)
+        try:
+            probe.acquire(timeout=0)
+        except Timeout:
+            return True
+        probe.release()
+        return False
 
     def holds_results(self) -> list[str]:
         """What an earlier run left here that a fresh run would overwrite."""

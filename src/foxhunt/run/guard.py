@@ -28,9 +28,7 @@ from omegaconf import DictConfig
 from foxhunt.errors import FoxhuntError
 from foxhunt.files import check_writable
 from foxhunt.run import ranks, resume
-from foxhunt.run.dir import RunDir
-
-LOCK_NAME = ".foxhunt.lock"
+from foxhunt.run.dir import LOCK_NAME, RunDir
 
 
 def lock(run_dir: Path) -> FileLock:

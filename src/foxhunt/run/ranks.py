@@ -12,10 +12,9 @@ others follow, over the launcher's key-value store:
 - what the run resumes from (`resume=auto`): rank 0 resolves it, the others take its answer.
 
 The launchers known here: torchrun (its workers have TORCHELASTIC_RUN_ID; the store is its
-elastic agent's, at MASTER_ADDR:MASTER_PORT). SLURM's srun is the next to add, in `launched`
-(SLURM_PROCID, SLURM_NTASKS) and `_store` (srun has no store before the process group: rank 0
-would host one on a port beside MASTER_PORT); until then an srun rank is not `launched`, and
-gets nothing from here.
+elastic agent's, at MASTER_ADDR:MASTER_PORT) and SLURM's srun with several tasks (SLURM_PROCID of
+SLURM_STEP_NUM_TASKS; srun has no store, so rank 0 hosts one on the port after the one
+Lightning's process group takes, on the job's first node).
 """
 
 from __future__ import annotations
@@ -49,13 +48,21 @@ def launched(env: Mapping[str, str] = os.environ) -> Launched | None:
     if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1")) > 1:
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
         return Launched(int(env["RANK"]), int(env["WORLD_SIZE"]), attempt)
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # srun's tasks (a requeue: an attempt)
+        attempt = env.get("SLURM_RESTART_COUNT", "0")
+        return Launched(int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"]), attempt)
     return None
 
 
+_srun: list[Any] = []  # srun's store, opened once: rank 0's serves while its process lives
+
+
 def _store(timeout_s: float) -> Any:
-    """The launcher's key-value store, as a client."""
+    """The launcher's key-value store, as a client (under srun, rank 0 hosts it)."""
     import torch.distributed as dist  # the ranks' collectives come later, from Lightning
 
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return _srun_store(timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         raise FoxhuntError(
             "this torchrun gives its workers no store of its agent (TORCHELASTIC_USE_AGENT_STORE)"
@@ -64,6 +71,25 @@ def _store(timeout_s: float) -> Any:
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = timedelta(seconds=timeout_s)
     return dist.TCPStore(address, port, is_master=False, timeout=timeout)
+
+
+def _srun_store(timeout_s: float) -> Any:
+    """srun's ranks' store: rank 0's, on the job's first node, one port after Lightning's."""
+    import torch.distributed as dist
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not _srun:
+        slurm = SLURMEnvironment()
+        _srun.append(
+            dist.TCPStore(
+                slurm.main_address,
+                slurm.main_port + 1,
+                is_master=int(os.environ["SLURM_PROCID"]) == 0,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
+        )
+    return _srun[0]
 
 
 def decided(what: str, decide: Callable[[], Any], wait_s: float = WAIT_S) -> Any:

@@ -50,14 +50,18 @@ def continues(config: DictConfig, run: RunDir) -> bool:
 def find_previous_run(run_dir: Path, overrides: Sequence[str]) -> Path | None:
     """The `last.ckpt` of an earlier run of the same experiment: this run's own when it is
     run again (a requeued cluster job: never another's, which may be newer), else the newest
-    of the run directories beside this one (outputs/<date>/<time>/)."""
+    of the run directories beside this one (outputs/<date>/<time>/) that no live run holds
+    (a sweep's job beside it, still training)."""
     own = RunDir(run_dir)
     if own.last_ckpt.is_file() and same_experiment(own, overrides):
         return own.last_ckpt
     found = [
         r.last_ckpt
-        for r in RunDir(run_dir).siblings()
-        if r.last_ckpt.is_file() and same_experiment(r, overrides)
+        for r in own.siblings()
+        if r.path.resolve() != own.path.resolve()
+        and r.last_ckpt.is_file()
+        and same_experiment(r, overrides)
+        and not r.in_use()
     ]
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 

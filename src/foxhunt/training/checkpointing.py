@@ -1,6 +1,10 @@
 """Checkpoints to resume from: after an interrupt, and the best ones across a resume.
 
-Ctrl-C and SIGTERM end training at a batch boundary, with a checkpoint to resume from.
+Ctrl-C, SIGTERM and SIGUSR2 end training at a batch boundary, with a checkpoint to resume from.
+SIGUSR2 is what SLURM sends before a job's time limit (`sbatch --signal=USR2@<s>`, which
+submitit asks for) and what `scancel --signal=USR2` preempts with: once the checkpoint is written
+it goes on to the handler that was there before (`foxhunt.app.cli`), submitit's, which requeues
+the job.
 
 Lightning's own KeyboardInterrupt handling stops wherever the interrupt lands (between a
 backward and its optimizer step, say) and writes nothing; its OnExceptionCheckpoint would save
@@ -45,7 +49,9 @@ class Interrupted(Exception):
 
 
 class GracefulInterrupt(L.Callback):
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGUSR2 where the platform has one (not Windows)
+    NAMES = ("SIGINT", "SIGTERM", "SIGUSR2")
+    SIGNALS = tuple(getattr(signal, n) for n in NAMES if hasattr(signal, n))
 
     def __init__(self, dirpath: Path) -> None:
         self.dirpath = Path(dirpath)
@@ -77,7 +83,7 @@ class GracefulInterrupt(L.Callback):
         if not requested:
             return
         path = self.dirpath / LAST_CKPT  # replaced atomically (SafeCheckpointIO)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         raise Interrupted(self.signum, path, trainer.current_epoch, idx)
 
     def _restore(self) -> None:
