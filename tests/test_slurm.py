@@ -261,23 +261,29 @@ def test_a_backtests_folds_run_as_jobs_and_the_same_command_pools_them(
     assert (sweep_dir / "backtest_report.md").is_file()
 
 
+def srun_job(cwd: Path, tasks: int, args: list[str]) -> tuple[int, str]:
+    """A user's DDP job script, `tasks` tasks on one node running `foxhunt train` with `args`
+    (srun starts the processes), submitted and waited for: its exit code and output."""
+    script = cwd / "ddp.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --nodes=1 --ntasks-per-node={tasks} --cpus-per-task=1 --mem=4G --time=5\n"
+        f"srun --kill-on-bad-exit=1 {sys.executable} -m foxhunt train {' '.join(args)}\n"
+    )
+    sbatch = ["sbatch", "--wait", f"--chdir={cwd}", f"--output={cwd / 'job.out'}", str(script)]
+    drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")  # threads: foxhunt's own
+    env = {k: v for k, v in os.environ.items() if k not in drop}  # what sbatch passes on
+    done = subprocess.run(sbatch, capture_output=True, text=True, timeout=420, env=env)
+    return done.returncode, (cwd / "job.out").read_text()
+
+
 def test_ddp_as_srun_tasks_trains_one_run_as_one_process_would(cluster, tmp_path, table_path):
     # as tests/training/test_multinode.py: 2 ranks at batch 8 against 1 process at 16
     common = tiny_overrides(table_path, *COMMON)
-    ddp = [*common, "trainer=ddp", "trainer.devices=2", "data.batch_size=8"]
-    script = tmp_path / "ddp.sh"  # a user's job script: one task per process, srun starts them
-    script.write_text(
-        "#!/bin/bash\n#SBATCH --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --mem=4G --time=5\n"
-        f"srun --kill-on-bad-exit=1 {sys.executable} -m foxhunt train {' '.join(ddp)}\n"
+    code, out = srun_job(
+        tmp_path, 2, [*common, "trainer=ddp", "trainer.devices=2", "data.batch_size=8"]
     )
-    sbatch = ["sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path / 'job.out'}"]
-    drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")  # threads: foxhunt's own
-    env = {k: v for k, v in os.environ.items() if k not in drop}  # what sbatch passes on
-    done = subprocess.run(
-        [*sbatch, str(script)], capture_output=True, text=True, timeout=600, env=env
-    )
-    out = (tmp_path / "job.out").read_text()
-    assert done.returncode == 0, out[-3000:]
+    assert code == 0, out[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*")  # one run directory, rank 0's
     assert {p.name for p in run_dir.glob("*.log")} == {"train.log", "train_ddp_process_1.log"}
     assert out.count("every figure in") == 1  # the summary line, printed by rank 0 alone
@@ -289,3 +295,11 @@ def test_ddp_as_srun_tasks_trains_one_run_as_one_process_would(cluster, tmp_path
     one = printed_summary(single.stdout)
     for key in ("val_loss", "test_loss", "test_mae", "baseline_test_loss"):
         assert summary["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5), key
+
+
+def test_fewer_srun_tasks_than_devices_is_one_error_line(cluster, tmp_path, table_path):
+    args = [*tiny_overrides(table_path), "trainer=ddp", "trainer.devices=2"]
+    code, out = srun_job(tmp_path, 1, args)  # Lightning #19883: once a hang
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "--ntasks-per-node=1" in errors[0], out[-3000:]
+    assert "Traceback" not in out

@@ -11,12 +11,14 @@ the one place that does."""
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
@@ -44,6 +46,19 @@ def reruns_the_command(trainer: L.Trainer) -> bool:
     if not isinstance(strategy.launcher, _SubprocessScriptLauncher):
         return False
     return not strategy.cluster_environment.creates_processes_externally
+
+
+def srun_tasks_match(trainer: L.Trainer) -> None:
+    """Under SLURM, one task per device on each node, or one line before fit() (Lightning's
+    own check raises inside it; a mismatch once hung: Lightning #19883)."""
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]  # "2", or "2(x3)"
+    slurm = isinstance(getattr(trainer.strategy, "cluster_environment", None), SLURMEnvironment)
+    if slurm and tasks and int(tasks) != trainer.num_devices:
+        raise ConfigError(
+            f"trainer.devices={trainer.num_devices}, but this SLURM job runs {tasks} task(s) "
+            f"per node (--ntasks-per-node={tasks}): srun starts one process per device; give "
+            "the job --ntasks-per-node equal to trainer.devices"
+        )
 
 
 def before_other_processes(cfg: DictConfig, trainer: L.Trainer, ckpt_path: Path | None) -> None:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from foxhunt.app import tracking
 from foxhunt.app.assemble import Assembled, Resumed, assemble, check_same_model, plain
-from foxhunt.app.ddp import before_other_processes
+from foxhunt.app.ddp import before_other_processes, srun_tasks_match
 from foxhunt.app.report import report_run
 from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
@@ -183,6 +183,7 @@ def fit_and_test(
     """Fit (from `ckpt_path` when resuming) and test the best checkpoint (unless not `test`),
     under the memory policy's budget."""
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
+    srun_tasks_match(trainer)
     if trainer.world_size > 1:
         before_other_processes(cfg, trainer, ckpt_path)
     device = trainer.strategy.root_device
