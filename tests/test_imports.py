@@ -50,6 +50,7 @@ LAYERS = [
             "app.study",
             "app.tune_report",
             "app.inspect",
+            "app.tracking",
         },
     ),
     # the foxhunt command, what scripts/*.py and python -m foxhunt run, and foxhunt.load
