@@ -83,7 +83,7 @@ class GracefulInterrupt(L.Callback):
         if not requested:
             return
         path = self.dirpath / LAST_CKPT  # replaced atomically (SafeCheckpointIO)
-        trainer.save_checkpoint(path, weights_only=False)
+        trainer.save_checkpoint(path)
         raise Interrupted(self.signum, path, trainer.current_epoch, idx)
 
     def _restore(self) -> None:
