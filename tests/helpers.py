@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -509,3 +510,17 @@ def build_wheels(dist: Path) -> tuple[Path, Path]:
         checked_run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", dist, project, cwd=dist.parent, env=pip_env())  # fmt: skip
     return next(dist.glob("foxhunt-*.whl")), next(dist.glob("foxhunt_serve-*.whl"))
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_env() -> dict[str, str]:
+    """This environment for processes a launcher starts (torchrun, sbatch): without the
+    tests' thread pin, so foxhunt sizes each rank's threads itself."""
+    drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")
+    return {k: v for k, v in os.environ.items() if k not in drop}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,19 @@ from filelock import FileLock
 
 from foxhunt.app import tracking
 from foxhunt.files import read_export
-from tests.helpers import TINY_MODEL, make_table, printed_summary, run_script, tiny_overrides
+from tests.helpers import (
+    TINY_MODEL,
+    free_port,
+    make_table,
+    printed_summary,
+    run_script,
+    tiny_overrides,
+)
 from tests.helpers import write_table as write_parquet
 from tests.test_tune import TINY as TINY_STUDY
 from tests.test_tune import write_panel
 
 STARTUP_S = 120  # a fresh database's migrations, on a busy 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mlflow_database() -> str:

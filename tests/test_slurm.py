@@ -24,7 +24,7 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from tests.helpers import ROOT, printed_summary, run_cli, tiny_overrides, wait_for
+from tests.helpers import ROOT, launcher_env, printed_summary, run_cli, tiny_overrides, wait_for
 from tests.test_tune import overrides as tune_overrides
 from tests.test_tune import postgres_url, write_panel
 from tests.training.test_multinode import COMMON
@@ -271,8 +271,7 @@ def srun_job(cwd: Path, tasks: int, args: list[str]) -> tuple[int, str]:
         f"srun --kill-on-bad-exit=1 {sys.executable} -m foxhunt train {' '.join(args)}\n"
     )
     sbatch = ["sbatch", "--wait", f"--chdir={cwd}", f"--output={cwd / 'job.out'}", str(script)]
-    drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")  # threads: foxhunt's own
-    env = {k: v for k, v in os.environ.items() if k not in drop}  # what sbatch passes on
+    env = launcher_env()  # what sbatch passes on
     done = subprocess.run(sbatch, capture_output=True, text=True, timeout=420, env=env)
     return done.returncode, (cwd / "job.out").read_text()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,16 @@ from foxhunt.memory import estimate, max_batch_size
 from foxhunt.memory.estimator import MB
 from foxhunt.run import ranks
 from foxhunt.run.guard import LOCK_NAME
-from tests.helpers import ROOT, SMALL_MODEL, compose_train, run_cli, tiny_overrides, wait_for
+from tests.helpers import (
+    ROOT,
+    SMALL_MODEL,
+    compose_train,
+    free_port,
+    launcher_env,
+    run_cli,
+    tiny_overrides,
+    wait_for,
+)
 from tests.training.ddp_probe import Probe
 
 PROBE = Path(__file__).with_name("multinode_probe.py")
@@ -45,21 +53,13 @@ REL_TOL = 1e-5  # test_ddp's: float sums in another order; a missed all-reduce i
 WAIT_S = 300  # a node's command, at most (each ends in 10-40 s on a busy 2-core machine)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_nodes(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, node1_env: dict | None = None
 ) -> list[subprocess.Popen]:
     """Node 0's and node 1's torchrun (one process each) running the probe with `args`, with
     `env` added to both nodes' environment and `node1_env` to node 1's."""
     endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
-    drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")  # threads: foxhunt's own
-    base = {k: v for k, v in os.environ.items() if k not in drop}
-    base |= {"PYTHONPATH": str(ROOT), **(env or {})}
+    base = launcher_env() | {"PYTHONPATH": str(ROOT), **(env or {})}
     procs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
