@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
 from foxhunt.app.assemble import make_callbacks, make_logger, make_trainer
 from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, register_configs, validate
 from foxhunt.errors import ConfigError
-from foxhunt.training.checkpointing import BestCheckpoint
+from foxhunt.training.checkpointing import BestCheckpoint, StaysStopped
 from tests.helpers import CONF, ROOT, compose_train
 
 
@@ -42,7 +41,7 @@ def test_groups_compose_and_validate(overrides, tmp_path):
     assert OmegaConf.to_container(cfg, resolve=True)["trainer"]["max_epochs"] > 0
     # and Hydra builds their objects (before any data is read)
     callbacks = make_callbacks(cfg.callbacks, tmp_path / "checkpoints")
-    assert [type(c) for c in callbacks] == [BestCheckpoint, EarlyStopping]  # patience 3
+    assert [type(c) for c in callbacks] == [BestCheckpoint, StaysStopped]  # patience 3
     assert callbacks[0].dirpath == str(tmp_path / "checkpoints")
     # Lightning's TensorBoardLogger writes with tensorboard or, without it, tensorboardX
     writers = [importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")]

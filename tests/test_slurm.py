@@ -201,9 +201,10 @@ def test_a_job_cancelled_mid_trial_fails_and_its_trial_runs_again(cluster, tmp_p
 def test_a_preempted_training_saves_requeues_and_resumes_to_the_same_weights(
     cluster, tmp_path, table_path
 ):
-    args = tiny_overrides(
-        table_path, "trainer.max_epochs=8", "model.variable_dim=4", "trainer.deterministic=true"
-    )
+    # no early stopping: twelve epochs, so that the signal, sent once epoch 0 is written, lands
+    # mid-training (a signal after it: tests/training/test_resume.py)
+    epochs = ("trainer.max_epochs=12", "callbacks.early_stopping_patience=null")
+    args = tiny_overrides(table_path, *epochs, "model.variable_dim=4", "trainer.deterministic=true")
     requeue = ("hydra.launcher.max_num_timeout=2", "resume=auto_or_new")
 
     def sweep(name: str, *extra: str) -> subprocess.Popen:

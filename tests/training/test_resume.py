@@ -201,6 +201,50 @@ def test_interrupt_writes_a_checkpoint_and_resume_continues_the_epoch(tmp_path, 
     assert resumed["metrics"] == straight["metrics"]
 
 
+class _SignalInValidation(L.Callback):
+    """Sends `signum` to this process during epoch `epoch`'s validation."""
+
+    def __init__(self, signum: int, epoch: int) -> None:
+        self.signum, self.epoch = signum, epoch
+
+    def on_validation_batch_end(self, trainer, *args) -> None:
+        if trainer.current_epoch == self.epoch and not trainer.sanity_checking:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.slow  # 8 CPU-s: the full tier
+def test_a_run_that_stopped_early_resumed_trains_no_more(tmp_path, table_path):
+    # a SLURM job preempted during its test is requeued and resumes from its last.ckpt, written
+    # after early stopping ended the training: Lightning's EarlyStopping would train on
+    args = tiny_overrides(table_path, *EXACT, "trainer.max_epochs=8", "model.variable_dim=4")
+    straight = train(compose_train(*args), tmp_path / "straight")
+    assert straight["training"]["stopped"] == "early_stopping" and straight["epochs"] < 8
+    last = tmp_path / "straight" / "checkpoints" / "last.ckpt"
+    resumed = train(compose_train(*args, f"ckpt_path={last}"), tmp_path / "resumed")
+    assert (resumed["global_step"], resumed["epochs"]) == (
+        straight["global_step"],
+        straight["epochs"],
+    )
+    _assert_same_weights(straight, resumed)
+    assert resumed["metrics"] == straight["metrics"]
+
+
+@pytest.mark.slow  # 8 CPU-s: the full tier
+def test_a_signal_in_the_last_validation_stops_the_run_when_training_ends(tmp_path, table_path):
+    args = tiny_overrides(table_path, *EXACT, "trainer.max_epochs=3")
+    straight = train(compose_train(*args), tmp_path / "straight")
+    cut = tmp_path / "cut"
+    with pytest.raises(Interrupted, match="SIGUSR2 during epoch 2 after its last batch"):
+        train(compose_train(*args), cut, extra_callbacks=[_SignalInValidation(signal.SIGUSR2, 2)])
+    assert not (cut / "summary.json").exists()  # stopped before its test
+    resumed = train(
+        compose_train(*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}"), tmp_path / "resumed"
+    )
+    assert resumed["global_step"] == straight["global_step"]
+    _assert_same_weights(straight, resumed)
+    assert resumed["metrics"] == straight["metrics"]
+
+
 @pytest.mark.slow  # 4 CPU-s: the full tier
 def test_resume_into_its_own_directory_keeps_the_earlier_logs(tmp_path, table_path):
     run_dir = tmp_path / "run"

@@ -359,6 +359,7 @@ def export_best(
     """The best model, exported without pickle by its precision: safetensors (fp32, bf16), or
     int8 scored on the test split beside the fake-quant model it came from; with its
     calibration."""
+    run.checkpoints.mkdir(exist_ok=True)  # none yet where a resume had nothing left to train
     return precision.export(
         module.model,
         init=model_init(plain(cfg.model), datamodule.schema),

@@ -12,7 +12,8 @@ that half-done step. Here the signal only raises a flag; the training batch in f
 `checkpoints/last.ckpt` is replaced atomically with the state after it, and fit() ends with
 `Interrupted`. Resuming from that checkpoint continues the same epoch at the next batch (the
 data module records how far the epoch got). A signal during validation takes effect at the
-next training batch (or training ends first). A second Ctrl-C stops at once.
+next training batch, or, after the last epoch, when training ends: resumed, such a run trains no
+more and goes on to its test. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from foxhunt.run.dir import LAST_CKPT
 
@@ -35,11 +37,13 @@ log = logging.getLogger(__name__)
 class Interrupted(Exception):
     """Training stopped on a signal after writing `checkpoint`."""
 
-    def __init__(self, signum: int | None, checkpoint: Path, epoch: int, batch: int) -> None:
-        # None: this DDP process stopped with another that received the signal
+    def __init__(self, signum: int | None, checkpoint: Path, epoch: int, batch: int | None) -> None:
+        # signum None: this DDP process stopped with another that received the signal;
+        # batch None: the signal came after the last training batch
         self.signum, self.checkpoint = signum or signal.SIGINT, checkpoint
         name = signal.Signals(signum).name if signum else "a signal to another DDP process"
-        self.what = f"{name} during epoch {epoch} after batch {batch}; wrote {checkpoint}"
+        after = "its last batch" if batch is None else f"batch {batch}"
+        self.what = f"{name} during epoch {epoch} after {after}; wrote {checkpoint}"
         # how to continue: a command that runs this training some other way says its own
         self.resume = "resume with the same command and resume=auto, or ckpt_path=<that file>"
         super().__init__(self.what)
@@ -85,6 +89,16 @@ class GracefulInterrupt(L.Callback):
         path = self.dirpath / LAST_CKPT  # replaced atomically (SafeCheckpointIO)
         trainer.save_checkpoint(path)
         raise Interrupted(self.signum, path, trainer.current_epoch, idx)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a signal after the last training batch: the last epoch's last.ckpt is written, and a
+        # resume from it trains no more (StaysStopped, or the epoch ceiling reached)
+        requested = self.signum is not None
+        if trainer.world_size > 1:
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested:
+            epoch = trainer.current_epoch - 1  # Lightning counted the last epoch as done
+            raise Interrupted(self.signum, self.dirpath / LAST_CKPT, epoch, None)
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
@@ -137,10 +151,21 @@ class LatestCheckpoint(ModelCheckpoint):
             super().load_state_dict(state_dict)
 
 
+class StaysStopped(EarlyStopping):
+    """Lightning's EarlyStopping that, resumed from a checkpoint written after it stopped the
+    training, stops it again before the first batch. Lightning's own trains on to the next
+    validation: a SLURM job requeued during its test would train again, and differ from the
+    same run unpreempted."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            trainer.should_stop = True
+
+
 def early_stopping(monitor: str, patience: int | None) -> EarlyStopping | None:
-    """Lightning's EarlyStopping (minimising `monitor`), or none while `patience` is None: what
+    """EarlyStopping (minimising `monitor`), or none while `patience` is None: what
     `callbacks.early_stopping_patience` switches on (conf/callbacks/default.yaml)."""
-    return None if patience is None else EarlyStopping(monitor, patience=patience, mode="min")
+    return None if patience is None else StaysStopped(monitor, patience=patience, mode="min")
 
 
 class TrainingOutcome(L.Callback):
