@@ -81,10 +81,7 @@ class GracefulInterrupt(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        requested = self.signum is not None
-        if trainer.world_size > 1:  # every rank stops at the same batch
-            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-        if not requested:
+        if not self._requested(trainer):
             return
         path = self.dirpath / LAST_CKPT  # replaced atomically (SafeCheckpointIO)
         trainer.save_checkpoint(path)
@@ -93,12 +90,16 @@ class GracefulInterrupt(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # a signal after the last training batch: the last epoch's last.ckpt is written, and a
         # resume from it trains no more (StaysStopped, or the epoch ceiling reached)
+        if self._requested(trainer):
+            epoch = trainer.current_epoch - 1  # Lightning counted the last epoch as done
+            raise Interrupted(self.signum, self.dirpath / LAST_CKPT, epoch, None)
+
+    def _requested(self, trainer: L.Trainer) -> bool:
+        """Whether any DDP process received a signal: every rank stops at the same point."""
         requested = self.signum is not None
         if trainer.world_size > 1:
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-        if requested:
-            epoch = trainer.current_epoch - 1  # Lightning counted the last epoch as done
-            raise Interrupted(self.signum, self.dirpath / LAST_CKPT, epoch, None)
+        return requested
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
