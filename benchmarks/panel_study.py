@@ -118,6 +118,8 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         },
     ),
     "drift": (("drift250",), {"default": ()}),
+    # #67: the recipe as a user gets it (its auto target), judged like for like on raw returns
+    "verdict": (("drift250", "planted250"), {"auto target": ("data.target_transform=auto",)}),
     "cross_section": (
         ("drift250", "planted250"),
         {
@@ -272,8 +274,32 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         "ic_h1_t": h1.get("ic_t"),
         "ic_mode": h1.get("ic_mode"),
         "book_sharpe": book.get("sharpe"),
+        **verdict_of(summary),
         "epochs": summary["epochs"],
         "steps": summary["global_step"],
+    }
+
+
+def verdict_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """#67's like-for-like figures: the skill of the model's own quantiles against the
+    baselines' own, both calibrated alike, and on raw returns the rank IC by date at each
+    horizon (mean, ICIR, t) and the book's net Sharpe, the model's beside the strongest
+    baseline's on the same dates."""
+    m, book = summary["metrics"], summary.get("book") or {}
+
+    def ics(rows: list[dict] | None) -> dict[str, dict]:
+        keep = ("rank_ic", "icir", "rank_ic_t")
+        return {f"h{r['horizon']}": {k: r.get(k) for k in keep} for r in rows or []}
+
+    return {
+        "raw_skill": m.get("skill"),
+        "calibrated_skill": m.get("calibrated_skill"),
+        "target_transform": (summary.get("target") or {}).get("transform"),
+        "book_horizon": book.get("horizon"),
+        "rank_ic": ics(book.get("ic_by_horizon")),
+        "baseline_rank_ic": ics(book.get("best_baseline_ic_by_horizon")),
+        "baseline_book_sharpe": (book.get("best_baseline") or {}).get("sharpe"),
+        "baselines_fit_s": {n: b.get("fit_s") for n, b in summary["baselines"].items()},
     }
 
 
@@ -340,8 +366,11 @@ def _scores(table: dict[str, np.ndarray], levels: list[float]) -> dict[str, Any]
     over the quantiles, in each name's scale), and the h1 IC of the median across the names
     of every date (pooled over dates and names where they hold fewer than three)."""
 
+    # the model's target, which the quantiles forecast (`actual` is the raw return beside it)
+    target = next((v for c, v in table.items() if c.startswith("actual_")), table["actual"])
+
     def loss(prefix: str) -> np.ndarray:
-        err = [(table["actual"] - table[f"{prefix}q{q:g}"]) / table["target_scale"] for q in levels]
+        err = [(target - table[f"{prefix}q{q:g}"]) / table["target_scale"] for q in levels]
         return np.mean(
             [np.maximum(q * e, (q - 1) * e) for q, e in zip(levels, err, strict=True)], axis=0
         )

@@ -107,6 +107,7 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
         "target_time_continued",
         *QUANTILES,
         "actual",
+        "target_transform",  # none: the quantiles forecast `actual` itself
     ]
     assert table.num_rows == 2 * H  # instruments x horizon, each row one quantile set
     assert table.column("instrument").to_pylist() == ["AAA"] * H + ["BBB"] * H
@@ -357,6 +358,7 @@ def test_cli_writes_predictions_and_previews(trained, tmp_path):
         "target_time_continued",
         *QUANTILES,
         "actual",
+        "target_transform",
     ]
     assert stdout.splitlines()[-1].endswith(f"to {out}")
 

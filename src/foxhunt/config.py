@@ -11,6 +11,9 @@ from enum import StrEnum
 from typing import Any
 
 import lightning as L
+
+# the names at a time that make a panel: auto's target transform and book, book_min_names
+from foxhunt_serve import PANEL_NAMES as PANEL_NAMES
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -18,11 +21,10 @@ from omegaconf import MISSING
 from foxhunt.checks import parse_time as parse_time
 from foxhunt.checks import validate as validate
 
-# The closed sets of string values. A value outside one fails at composition, naming the
-# allowed ones. StrEnum: each member is its string (`cfg.nan_policy == "ffill"` holds, f-strings
-# print the value); the member names equal the values, so `OmegaConf.to_container(...,
-# enum_to_str=True)` gives back what the user wrote. Checkpoints and summary.json take only
-# such plain strings (an Enum object in a checkpoint would not load weights-only).
+# The closed sets of string values: one outside fails at composition, naming the allowed ones.
+# StrEnum: each member is its string (`cfg.nan_policy == "ffill"`, f-strings print the value),
+# its name its value, so `OmegaConf.to_container(..., enum_to_str=True)` gives back what the
+# user wrote; checkpoints and summary.json take only such strings (weights-only loading).
 TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 TargetScale = StrEnum("TargetScale", ["instrument", "global"])  # foxhunt_serve.scaling
@@ -37,7 +39,7 @@ Device = StrEnum("Device", ["auto", "cpu", "cuda"])
 Resume = StrEnum("Resume", ["auto", "auto_or_new"])
 BacktestMode = StrEnum("BacktestMode", ["expanding", "rolling"])
 Refit = StrEnum("Refit", ["full", "finetune"])  # finetune: from the previous fold's weights
-# auto: the cross-sectional book on a panel of at least BOOK_MIN_NAMES instruments, else none
+# auto: the cross-sectional book on a panel of at least PANEL_NAMES instruments, else none
 Book = StrEnum("Book", ["auto", "none", "cross_section"])
 BookWeights = StrEnum("BookWeights", ["equal", "risk"])
 BookRank = StrEnum("BookRank", ["forecast", "score"])
@@ -156,8 +158,7 @@ class CalendarConfig:
 class DataConfig:
     path: str = MISSING
     time_column: str = "timestamp"
-    # the unit of an integer time column (required for one; a Parquet timestamp column
-    # carries its own unit)
+    # the unit of an integer time column (a Parquet timestamp column carries its own)
     time_unit: TimeUnit | None = None
     group_column: str | None = None
     # None with features=ohlcv: the 1-bar log return of the close, predicted for the next bars.
@@ -167,9 +168,9 @@ class DataConfig:
     # each instrument's target on its own training rows' scale, which the model also sees as a
     # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)
     target_scale: TargetScale = TargetScale.instrument
-    # each date's cross-section (foxhunt.data.cross_section; in memory): every observed input's
-    # rank or z-score among the names at its time beside it; the target less their mean, or
-    # its rank among them; auto: less their mean on a panel of 10 names or more (a return)
+    # each date's cross-section (foxhunt.data.cross_section): every observed input's rank or
+    # z-score among the names at its time beside it; the target less their mean, or its rank;
+    # auto: less their mean on a panel of returns (PANEL_NAMES names)
     cross_section: CrossSection = CrossSection.none
     target_transform: TargetTransform = TargetTransform.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
@@ -196,8 +197,8 @@ class DataConfig:
     num_workers: int = 0
     nan_policy: NanPolicy = NanPolicy.error
     generate_if_missing: bool = False  # the bundled sample is generated on first use
-    # auto | true | false: read one instrument at a time into a disk-backed window store
-    # (foxhunt.data.store); auto when the in-memory path would need over half the free memory
+    # auto | true | false: one instrument at a time into a disk-backed window store (data.store);
+    # auto: when in memory would take over half the free memory, unless a cross-section needs it
     lazy: Any = "auto"
     cache_dir: str | None = None  # the window store's folder; None: .foxhunt-cache by the data
 
@@ -235,8 +236,7 @@ class OptimConfig:
     weight_decay: float = 1e-2
     schedule: Schedule = Schedule.cosine
     warmup_fraction: float = 0.05
-    # the schedule's length in epochs; None: trainer.max_epochs (to stop early and resume on
-    # the same schedule: train 2 of 4 epochs, resume to 4 = 4 straight)
+    # the schedule's length in epochs; None: trainer.max_epochs (train 2 of 4, resume to 4)
     schedule_epochs: int | None = None
     # the schedule's length in optimizer steps, rounded up to whole epochs (its end is
     # validated), where training ends (trainer.max_epochs a ceiling, early stopping may end it
@@ -388,7 +388,7 @@ class EvalConfig:
     book_top: float = 0.2
     book_weights: BookWeights = BookWeights.equal
     book_rank: BookRank = BookRank.forecast
-    book_min_names: int = 10
+    book_min_names: int = PANEL_NAMES
 
 
 @dataclass

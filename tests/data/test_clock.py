@@ -150,7 +150,7 @@ def test_the_forecast_writes_continued_times_and_says_so():
         target_time_known = np.array([[True, False]])
         actual = np.array([[0.1, np.nan]])
 
-    table = output(W, np.zeros((1, 2, 1)), ["q0.5"], pa.timestamp("ns", tz="UTC"))
+    table = output(W, np.zeros((1, 2, 1)), ["q0.5"], pa.timestamp("ns", tz="UTC"), "none")
     assert table["target_time"].null_count == 0
     assert table["target_time"].cast(pa.int64()).to_pylist() == W.target_ns[0].tolist()
     assert table["target_time_continued"].to_pylist() == [False, True]

@@ -9,6 +9,8 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve.cross_section import by_date
@@ -18,7 +20,7 @@ from foxhunt.config import DataConfig
 from foxhunt.data.cross_section import PANEL_NAMES
 from foxhunt.data.read import read_data
 from foxhunt.data.sample import stock_panel_table
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import ConfigError
 from tests.helpers import TINY_MODEL, compose_train, run_cli, run_script
 
 
@@ -87,7 +89,7 @@ def test_a_level_target_is_not_made_market_neutral(tmp_path):
     pq.write_table(table, tmp_path / "p.parquet")
     cfg = _cfg(tmp_path / "p.parquet", features=["volume"], target="close")
     cfg = replace(cfg, target_kind="level", target_transform="xs_demean")
-    with pytest.raises(DataError, match="'close' is a level"):
+    with pytest.raises(ConfigError, match="'close' is a level"):
         read_data(cfg)
 
 
@@ -155,7 +157,27 @@ def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral
     assert pq.read_table(predicted).num_rows > 0
 
 
-def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(market_neutral, predicted):
+@pytest.fixture(scope="module")
+def every_window(market_neutral):
+    """predict's forecasts of every window of the market-neutral model's panel."""
+    import foxhunt
+
+    summary, _ = market_neutral
+    return foxhunt.load(summary["best_checkpoint"]).predict(summary["data_path"], all_windows=True)
+
+
+def test_predict_gives_the_raw_return_beside_the_market_neutral_target(panel, every_window):
+    done = every_window.filter(pc.is_valid(every_window["actual"]))
+    assert done.num_rows > 0
+    assert set(every_window["target_transform"].to_pylist()) == {"xs_demean"}
+    np.testing.assert_array_equal(done["actual"].to_numpy(), _by_row(read_data(_cfg(panel)), done))
+    neutral = _by_row(read_data(_cfg(panel, target_transform="xs_demean")), done)
+    np.testing.assert_allclose(done["actual_xs_demean"].to_numpy(), neutral, rtol=1e-12)
+
+
+def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(
+    market_neutral, predicted, every_window
+):
     pytest.importorskip("onnxruntime")
     from foxhunt_serve import cli
 
@@ -178,10 +200,18 @@ def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(market_ne
     assert cli.main([str(tmp / "onnx"), panel, str(tmp / "onnx.parquet")]) == 0
     got, want = pq.read_table(tmp / "onnx.parquet"), pq.read_table(predicted)
     assert got.num_rows == want.num_rows > 0
+    assert got.column_names == want.column_names
     for column in want.column_names:
         if column.startswith("q") or column == "actual":
             a, b = got[column].to_numpy(), want[column].to_numpy()
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(b)))
+    # the raw return and the model's target realised, as predict gives them
+    assert cli.main([str(tmp / "onnx"), panel, str(tmp / "all.parquet"), "--all-windows"]) == 0
+    every = pq.read_table(tmp / "all.parquet")
+    assert every["target_transform"].to_pylist() == every_window["target_transform"].to_pylist()
+    for column in ("actual", "actual_xs_demean"):
+        a, b = every[column].to_numpy(), every_window[column].to_numpy()
+        np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -222,13 +252,69 @@ def test_the_run_says_its_target_is_market_neutral(panel, caplog):
     ]
 
 
-def test_a_panel_read_lazily_keeps_its_target_and_says_so(tmp_path, caplog):
+def _by_row(loaded, table: pa.Table) -> np.ndarray:
+    """The target of `loaded` (as read) at each row of a forecast table, by name and time."""
+    found = {
+        (s.name, int(t)): v for s in loaded.series for t, v in zip(s.time_ns, s.target, strict=True)
+    }
+    times = table["target_time"].cast(pa.int64()).to_pylist()
+    return np.array([found[k] for k in zip(table["instrument"].to_pylist(), times, strict=True)])
+
+
+def test_the_forecast_table_holds_the_raw_return_beside_the_market_neutral_target(panel):
+    from foxhunt.data.datamodule import ParquetDataModule
+    from foxhunt.evaluation.forecasts import forecast_table, target_column
+
+    cfg = _cfg(panel, target_transform="xs_demean", encoder_length=16, prediction_length=2)
+    dm = ParquetDataModule(cfg)
+    dm.setup()
+    test = dm.datasets["test"]
+    table = forecast_table(test, dm.schema, np.zeros((len(test), 2, 3)), [0.1, 0.5, 0.9])
+    assert table.num_rows > 0
+    assert target_column(table) == "actual_xs_demean"  # what the quantiles forecast
+    assert set(table["target_transform"].to_pylist()) == {"xs_demean"}
+
+    raw = _by_row(read_data(_cfg(panel)), table)
+    np.testing.assert_array_equal(table["actual"].to_numpy(), raw)
+    demeaned = _by_row(read_data(cfg), table)
+    np.testing.assert_allclose(table["actual_xs_demean"].to_numpy(), demeaned, atol=1e-7)
+    assert np.abs(raw - demeaned).mean() > 1e-3  # the market's move: the two differ
+
+
+def _lazily(tmp_path, **changes):
+    """A 12-name OHLCV panel (its derived return: auto is xs_demean) read through data.lazy."""
+    pq.write_table(stock_panel_table(12, days=400, seed=4), tmp_path / "p.parquet")
+    cfg = _cfg(tmp_path / "p.parquet", target_transform="auto", encoder_length=16)
+    return replace(cfg, cache_dir=str(tmp_path / "cache"), **changes)
+
+
+def test_free_memory_never_changes_the_target(tmp_path, monkeypatch):
+    """Lazy and in-memory reads give the same target or none: data.lazy=true refuses the
+    transform in one line; data.lazy=auto reads it in memory, whatever it would read lazily,
+    and refuses in one line where the memory free cannot hold the panel."""
+    from foxhunt.data import store
     from foxhunt.data.datamodule import ParquetDataModule
 
-    pq.write_table(stock_panel_table(12, days=400, seed=4), tmp_path / "p.parquet")
-    cfg = _cfg(tmp_path / "p.parquet", target_transform="auto", encoder_length=16, lazy=True)
-    dm = ParquetDataModule(replace(cfg, cache_dir=str(tmp_path / "cache")))
-    dm.setup()
-    assert dm.schema.target_transform == "none"
-    said = [r.getMessage() for r in caplog.records if "one name at a time" in r.getMessage()]
-    assert len(said) == 1 and "data.lazy=false takes out the mean" in said[0]
+    with pytest.raises(ConfigError) as refused:
+        ParquetDataModule(_lazily(tmp_path, lazy=True)).setup()
+    said = str(refused.value)
+    assert "\n" not in said and "(xs_demean on 12 names)" in said
+    assert "data.lazy=true reads the panel one name at a time: set data.lazy=false" in said
+    monkeypatch.setattr(store, "LAZY_MEMORY_FRACTION", 0.0)  # auto would read it lazily
+    auto = ParquetDataModule(_lazily(tmp_path, lazy="auto"))
+    auto.setup()
+    assert auto.store_path is None and auto.schema.target_transform == "xs_demean"
+    eager = ParquetDataModule(_lazily(tmp_path, lazy=False))
+    eager.setup()
+    assert auto.schema.to_dict() == eager.schema.to_dict()
+    monkeypatch.setattr(store, "_available_bytes", lambda: 1)
+    with pytest.raises(ConfigError, match="GiB free: free memory, or set data.target_transform"):
+        ParquetDataModule(_lazily(tmp_path, lazy="auto")).setup()
+    # without a transform, the lazy path trains the same target as memory
+    plain = ParquetDataModule(_lazily(tmp_path, lazy=True, target_transform="none"))
+    plain.setup()
+    assert plain.store_path is not None and plain.schema.target_transform == "none"
+    memory = ParquetDataModule(_lazily(tmp_path, lazy=False, target_transform="none"))
+    memory.setup()
+    np.testing.assert_allclose(plain.schema.target_centres, memory.schema.target_centres)
+    np.testing.assert_allclose(plain.schema.target_scales, memory.schema.target_scales)

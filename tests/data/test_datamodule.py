@@ -20,7 +20,7 @@ from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.features import KNOWN_CALENDAR, clock_of
 from foxhunt.data.read import TIME_UNITS, load_table
 from foxhunt.data.splits import iso_time
-from foxhunt.errors import CheckpointError, DataError
+from foxhunt.errors import CheckpointError, ConfigError, DataError
 from tests.helpers import FIVE_MIN, T0, make_table, ohlcv_cfg, with_, write_table
 
 
@@ -217,16 +217,16 @@ def test_extra_features_ride_beside_the_derived_ones(tmp_path, es_sample, data_c
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "kind", "message"),
     [
-        (["nope"], "missing column(s) nope in "),
-        (["symbol"], "data.extra_features names 'symbol', which is the group column"),
-        (["clv_1"], "data.extra_features names 'clv_1', which is a derived feature"),
-        (["timestamp"], "data.extra_features names 'timestamp', which is the time column"),
+        (["nope"], DataError, "missing column(s) nope in "),
+        (["symbol"], ConfigError, "data.extra_features names 'symbol', which is the group column"),
+        (["clv_1"], ConfigError, "data.extra_features names 'clv_1', which is a derived feature"),
+        (["timestamp"], ConfigError, "data.extra_features names 'timestamp', which is the time"),
     ],
 )
-def test_extra_features_bad_names(es_sample, data_cfg, extra, message):
-    with pytest.raises(DataError) as err:
+def test_extra_features_bad_names(es_sample, data_cfg, extra, kind, message):
+    with pytest.raises(kind) as err:
         set_up(with_(ohlcv_cfg(data_cfg, es_sample), extra_features=extra))
     assert message in str(err.value)
 

@@ -15,8 +15,10 @@ import pytest
 from foxhunt.app.assemble import Resumed, assemble
 from foxhunt.app.backtest import _target_kind
 from foxhunt.app.train import prepare
+from foxhunt.config import PANEL_NAMES
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.target import evidence, target_kind
+from foxhunt.errors import ConfigError
 from foxhunt.precision import precision_of
 from tests.helpers import (
     FIVE_MIN,
@@ -90,6 +92,25 @@ def test_a_column_of_returns_is_forecast_as_returns(tmp_path, data_cfg, lazy):
         again = ParquetDataModule(with_(cfg, target_kind="level"))
         again.setup()
         assert again.target_warnings == level.target_warnings
+
+
+def test_a_column_of_returns_on_a_panel_is_made_market_neutral(tmp_path, data_cfg):
+    """data.target naming a column of returns on a panel of PANEL_NAMES names or more: auto is
+    xs_demean, as for a derived return (the kind its training rows show decides the transform);
+    the lazy path, which reads one name at a time, refuses it in one line."""
+    rng = np.random.default_rng(3)
+    y = {f"N{i:02d}": rng.normal(size=300) * 0.01 for i in range(PANEL_NAMES + 2)}
+    cfg = with_(data_cfg, path=str(bars(tmp_path, y)), cache_dir=str(tmp_path / "cache"))
+    assert cfg.target_transform == "auto" and cfg.target_kind == "auto"
+    dm = ParquetDataModule(with_(cfg, lazy=False))
+    dm.setup()
+    assert dm.schema.target_kind == "return" and dm.schema.target_transform == "xs_demean"
+    assert not dm.target_warnings
+    with pytest.raises(ConfigError) as refused:
+        ParquetDataModule(with_(cfg, lazy=True)).setup()
+    said = str(refused.value)
+    assert "\n" not in said and f"(xs_demean on {PANEL_NAMES + 2} names)" in said
+    assert "data.lazy=true reads the panel one name at a time" in said
 
 
 def test_a_checkpoint_keeps_the_kind_it_was_trained_as(tmp_path, data_cfg):

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from foxhunt.config import PANEL_NAMES, EvalConfig
+from foxhunt.errors import ConfigError, DataError, FoxhuntError
 from foxhunt.evaluation.book import (
     Panel,
     applies,
@@ -241,7 +243,8 @@ def test_the_long_short_ic_decays_where_the_signal_does():
 def test_the_book_is_for_panels_and_summary_json_gets_plain_figures():
     returns, forecast = planted(dates=50, names=4)
     table = panel_table(returns, forecast)
-    assert judged_book(table, "return", cfg()) is None  # auto: 4 names are no cross-section
+    assert "books a panel of at least" in judged_book(table, "return", cfg())["skipped"]  # auto
+    assert judged_book(panel_table(returns[:, :1], forecast[:, :1]), "return", cfg()) is None
     assert not applies(cfg(book="none"), 100) and applies(cfg(book="cross_section"), 2)
     found = judged_book(table, "return", cfg(book="cross_section", execution_lag=0))
     assert {"time_ns", "net"} <= set(found["model"])
@@ -252,3 +255,66 @@ def test_the_book_is_for_panels_and_summary_json_gets_plain_figures():
     )
     flat = plain(found)
     assert "net" not in flat["model"] and flat["model"]["sharpe"] == found["model"]["sharpe"]
+
+
+def test_a_panel_of_seven_names_says_why_it_has_no_book():
+    """One threshold of a panel (PANEL_NAMES) for eval.book=auto and eval.book_min_names'
+    default: summary.json's `book` of a 7-name panel says why it has none, never a Sharpe of
+    None with no reason."""
+    returns, forecast = planted(dates=60, names=7)
+    table = panel_table(returns, forecast)
+    defaults = EvalConfig()
+    assert defaults.book == "auto" and defaults.book_min_names == PANEL_NAMES > 7
+    auto = cfg(execution_lag=0, book_min_names=defaults.book_min_names)
+    assert plain(judged_book(table, "return", auto)) == {
+        "skipped": f"eval.book=auto books a panel of at least {PANEL_NAMES} names, the test "
+        "has 7: eval.book=cross_section books it"
+    }
+    asked = judged_book(table, "return", with_book(auto, "cross_section"))
+    assert asked == {
+        "skipped": f"no date has eval.book_min_names={PANEL_NAMES} names with a forecast (at "
+        "most 7): lower eval.book_min_names to book this panel"
+    }
+    fewer = judged_book(table, "return", with_book(auto, "cross_section", book_min_names=7))
+    assert "skipped" not in fewer and fewer["model"]["sharpe"] is not None
+
+
+def with_book(e, book: str, **kw):
+    return SimpleNamespace(**(vars(e) | {"book": book} | kw))
+
+
+def test_a_bad_config_value_surfaces_where_a_data_problem_is_skipped():
+    """Errors by kind: the book's `except DataError` (a book the data cannot give: skipped)
+    does not catch a ConfigError, which surfaces as its one line."""
+    assert issubclass(ConfigError, FoxhuntError) and not issubclass(ConfigError, DataError)
+    returns, forecast = planted(dates=60, names=12)
+    table = panel_table(returns, forecast)  # horizon 1 alone
+    short = judged_book(table, "return", cfg(book="cross_section", execution_lag=1))
+    assert "no horizon-2 forecasts" in short["skipped"]  # a data problem: skipped
+    bad = cfg(book="cross_section", execution_lag=0, book_rank="bogus")
+    with pytest.raises(ConfigError, match="eval.book_rank must be one of forecast, score"):
+        judged_book(table, "return", bad)
+
+
+@pytest.mark.parametrize("transform", ["xs_demean", "xs_rank"])
+def test_on_a_relative_target_the_book_and_the_market_trade_raw_returns(transform):
+    """A model trained on each date's returns less their mean (or their ranks): its table's
+    `actual` is the raw return, the target beside it. The market is the names' equal-weighted
+    raw return (not the mean of a demeaned one, zero by construction), and the book earns the
+    raw returns of the names it ranks top and bottom by the forecast, never a rank."""
+    returns, forecast = planted(dates=200, names=10)
+    returns = returns + 2e-3  # a market that rises
+    target = returns - returns.mean(axis=1, keepdims=True)
+    if transform == "xs_rank":
+        target = np.argsort(np.argsort(returns, axis=1), axis=1) - 4.5
+    table = panel_table(returns, forecast)  # horizon 1, one row a date and name in order
+    table = table.append_column(f"actual_{transform}", pa.array(target.ravel()))
+    table = table.append_column("target_transform", pa.array([transform] * table.num_rows))
+    found = book(table, "return", cfg(execution_lag=0, cost_bps=0.0))
+    np.testing.assert_allclose(found["market"]["gross_return"], returns.mean(axis=1).sum())
+    assert found["market"]["gross_return"] > 0.3
+    order = np.argsort(forecast, axis=1, kind="stable")  # k = 2 of 10 names a side
+    top = np.take_along_axis(returns, order[:, -2:], axis=1)
+    bottom = np.take_along_axis(returns, order[:, :2], axis=1)
+    expected = 0.5 * top.mean(axis=1) - 0.5 * bottom.mean(axis=1)
+    np.testing.assert_allclose(found["model"]["gross_return"], expected.sum())

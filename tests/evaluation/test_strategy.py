@@ -310,3 +310,47 @@ def test_traded_a_bar_later_the_strategy_holds_the_bar_its_horizon_two_forecast_
     np.testing.assert_allclose(bars.median(), np.full(300, 0.01))
     with pytest.raises(DataError, match="eval.execution_lag=2 needs data.prediction_length >= 3"):
         held_bars(level, "level", 2)
+
+
+def relative_panel(transform: str, bars: int = 80, names: int = 4) -> tuple[pa.Table, np.ndarray]:
+    """A forecast table of a model trained on a relative target (`transform`: its rank, or the
+    return less the names' mean, at each time) on raw returns that share a large market move:
+    `actual` raw, `actual_<transform>` the model's target, which the median forecasts with
+    noise; (the table, the raw returns [names, bars]). The median is set so that `sign` holds
+    each name long as often as short."""
+    rng = np.random.default_rng(5)
+    raw = 1e-2 * rng.normal(size=bars) + 1e-3 * rng.normal(size=(names, bars))
+    target = raw - raw.mean(axis=0)
+    if transform == "xs_rank":  # ranks of about one: far from any return
+        target = np.argsort(np.argsort(raw, axis=0), axis=0) - (names - 1) / 2
+    median = target + target.std() * rng.normal(size=target.shape)
+    tables = []
+    for i in range(names):
+        rows = forecast_rows(f"N{i}", median[i], raw[i])
+        junk = np.full(bars, 1e6)  # the horizon-2 rows, never read
+        rows = rows.append_column(f"actual_{transform}", pa.array(np.r_[target[i], junk]))
+        tables.append(rows.append_column("target_transform", pa.array([transform] * 2 * bars)))
+    return pa.concat_tables(tables), raw
+
+
+@pytest.mark.parametrize("transform", ["xs_demean", "xs_rank"])
+def test_on_a_relative_target_the_strategy_trades_raw_returns_against_the_market(transform):
+    table, raw = relative_panel(transform)
+    cost_bps = 3.0
+    found = compare(table, "sign", cost_bps, "return")
+    hedged = raw - raw.mean(axis=0)  # each name against the equal-weighted market
+    median = table.filter(pc.equal(table["horizon"], 1))["q0.5"].to_numpy().reshape(raw.shape)
+    strategy = found["strategy"]
+    assert strategy.hedged
+    for i, name in enumerate(strategy.per_instrument):
+        p = np.sign(median[i])
+        moved = np.abs(np.diff(p, prepend=0.0))
+        stats = strategy.per_instrument[name]
+        # both legs pay: the market basket's turnover is the name's
+        assert stats["turnover"] == pytest.approx(2 * moved.mean(), rel=1e-12)
+        want = np.sum(p * hedged[i]) - 2 * cost_bps * 1e-4 * moved.sum()
+        assert stats["net_return"] == pytest.approx(want, rel=1e-9)
+        # buy-and-hold: one unit long in the raw return, one entry
+        hold = found["buy_and_hold"].per_instrument[name]["net_return"]
+        assert hold == pytest.approx(raw[i].sum() - cost_bps * 1e-4, rel=1e-9)
+    assert not found["buy_and_hold"].hedged

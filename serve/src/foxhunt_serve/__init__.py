@@ -5,12 +5,15 @@ everything else (column names, features and their derivation, the normalization,
 roll, the calibration). `foxhunt-serve EXPORT_DIR DATA.parquet OUT.parquet` writes the table
 `foxhunt predict` writes for the same data: one row per instrument, origin and horizon step,
 with `instrument`, `origin_time`, `horizon`, `target_time`, one column per quantile in the
-target's own units, and `actual`.
+target's own units, `actual` (the raw target realised), and `target_transform`, the model's
+data.target_transform the quantiles are in: under xs_demean or xs_rank they forecast the
+target less the names' mean (or its rank) at each time, realised in `actual_<transform>`.
 
 The steps, one module each:
 
 1. `read`: the columns as numpy arrays; each instrument's rows after its last target value are
-   the bars to forecast (`split_future`);
+   the bars to forecast (`split_future`); for a model that compares names at each time, so
+   are the bars after the last complete time (`cross_section.complete_rows`);
 2. `futures` (futures only): each root's held contracts over time, the roll schedule, as one
    back-adjusted series;
 3. `series` and `features`: per instrument, the NaN policy, the features (columns, or derived
@@ -31,11 +34,11 @@ Bad input is one `InputError` line; the command prints it as `error: ...` and ex
 from foxhunt_serve.calibration import POOLED, in_order
 from foxhunt_serve.calibration import apply as calibrate
 from foxhunt_serve.clock import Clock, Sessions, changes, learn_open
-from foxhunt_serve.cross_section import name_of, panel
-from foxhunt_serve.errors import InputError, WriteError
+from foxhunt_serve.cross_section import PANEL_NAMES, by_date, complete_rows, name_of, panel
+from foxhunt_serve.errors import DataError, InputError, WriteError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic
-from foxhunt_serve.forecast import output, rows_of
+from foxhunt_serve.forecast import TRANSFORM, actual_column, output, rows_of
 from foxhunt_serve.futures import (
     ADJUSTMENTS,
     EXPIRED_NS,
@@ -82,6 +85,7 @@ __all__ = [
     "Continuous",
     "Contract",
     "Cut",
+    "DataError",
     "EXPIRED_NS",
     "FAMILIES",
     "Facts",
@@ -89,6 +93,7 @@ __all__ = [
     "InputError",
     "MONTH_CODES",
     "Ohlcv",
+    "PANEL_NAMES",
     "POOLED",
     "PRICES",
     "ROOT_PATTERN",
@@ -99,18 +104,22 @@ __all__ = [
     "Sessions",
     "TIME_UNITS",
     "TMP_SUFFIX",
+    "TRANSFORM",
     "WriteError",
+    "actual_column",
     "as_float",
     "as_float32",
     "as_text",
     "atomic_file",
     "bar_interval",
+    "by_date",
     "calendar",
     "calibrate",
     "changes",
     "check_history",
     "check_normalized",
     "checked_rows",
+    "complete_rows",
     "continuous",
     "future_steps",
     "group_codes",

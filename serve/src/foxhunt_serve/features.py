@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from foxhunt_serve.clock import DAY_NS, Clock
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError, InputError
 
 FAMILIES = ("logret", "rvol", "volz", "range", "clv", "mom")  # the observed ones, in order
 CALENDAR = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")
@@ -113,7 +113,7 @@ class Ohlcv:
     ) -> None:
         for name, a in (("high", high), ("low", low), ("close", close)):
             if len(a) and not (np.isfinite(a).all() and (a > 0).all()):
-                raise InputError(f"{name} prices must be finite and positive")
+                raise DataError(f"{name} prices must be finite and positive")
         self.close, self.volume = close, volume
         self.logc = np.log(close)
         self.ret = np.full(len(close), np.nan)

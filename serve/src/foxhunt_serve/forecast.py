@@ -10,10 +10,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from foxhunt_serve.calibration import apply
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError
 from foxhunt_serve.export import open_session, read_export
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.windows import Windows, build_windows
+
+# the output's column naming the data.target_transform the quantile columns are in: "none" (in
+# the raw target's units, `actual`'s), xs_demean or xs_rank (in `actual_<transform>`'s)
+TRANSFORM = "target_transform"
+
+
+def actual_column(transform: str) -> str:
+    """The column of the realised target the quantiles of a model trained under
+    data.target_transform=`transform` forecast: `actual` (raw) for none, else
+    `actual_<transform>` (`actual` holds the raw target beside it)."""
+    return "actual" if transform == "none" else f"actual_{transform}"
 
 
 def forecast(session: Any, meta: dict[str, Any], w: Windows, batch_size: int) -> np.ndarray:
@@ -37,7 +48,7 @@ def forecast(session: Any, meta: dict[str, Any], w: Windows, batch_size: int) ->
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
     centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)
-    actual = (w.actual - centre[:, None]) / scale[:, None]
+    actual = (w.target_actual - centre[:, None]) / scale[:, None]
     cal = meta["calibration"]
     values = apply(out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns)
     return values * scale[:, None, None] + centre[:, None, None]
@@ -53,13 +64,19 @@ def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = Non
     return pa.array(ns, pa.int64(), mask=mask)
 
 
-def output(w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataType) -> pa.Table:
+def output(
+    w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataType, transform: str
+) -> pa.Table:
     """The forecast table: one row per window and step (instrument, origin_time, horizon,
     target_time, target_time_continued: true where the time was continued in the sessions
-    rather than read from the data, one column per quantile, actual), times in the input's
-    time type; `w`: the windows' facts (`windows.FACTS`)."""
+    rather than read from the data, one column per quantile, actual: the raw target realised;
+    under data.target_transform=`transform` the model's own target realised in
+    `actual_<transform>`; `target_transform`: the transform the quantiles are in), times in the
+    input's time type; `w`: the windows' facts (`windows.FACTS`)."""
     n, h, _ = values.shape
-    actual = w.actual.ravel()
+    actuals = {"actual": w.actual.ravel()}
+    if transform != "none":
+        actuals[actual_column(transform)] = w.target_actual.ravel()
     return pa.table(
         {
             "instrument": pa.array(np.repeat(w.instrument, h), pa.string()),
@@ -68,7 +85,8 @@ def output(w: Any, values: np.ndarray, columns: list[str], time_type: pa.DataTyp
             "target_time": times(w.target_ns.ravel(), time_type),
             "target_time_continued": pa.array(~w.target_time_known.ravel()),
             **{c: pa.array(values[:, :, j].ravel()) for j, c in enumerate(columns)},
-            "actual": pa.array(actual, pa.float64(), mask=np.isnan(actual)),
+            **{k: pa.array(v, pa.float64(), mask=np.isnan(v)) for k, v in actuals.items()},
+            TRANSFORM: pa.array([transform] * (n * h), pa.string()).dictionary_encode(),
         }
     )
 
@@ -82,7 +100,7 @@ def predict(
     try:
         table = pq.read_table(data)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
+        raise DataError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
     # aci adapts to the realized targets of the instrument's past windows: forecast them too
     adapts = (meta["calibration"] or {}).get("method") == "aci"
     windows = build_windows(table, meta, all_windows or adapts, str(data))
@@ -91,7 +109,8 @@ def predict(
         latest = build_windows(table, meta, False, str(data), quiet=True)
         windows, values = latest, values[rows_of(windows, latest)]
     time_type = table.schema.field(meta["data"]["time_column"]).type
-    return output(windows, values, meta["output"]["columns"], time_type)
+    transform = meta["data"].get("target_transform", "none")  # (model.json before it: none)
+    return output(windows, values, meta["output"]["columns"], time_type, transform)
 
 
 def rows_of(every: Any, latest: Any) -> np.ndarray:

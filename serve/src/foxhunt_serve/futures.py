@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt_serve.clock import DAY_NS
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError
 from foxhunt_serve.read import as_float, as_text, iso_time, time_ns, zone_of
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Contract:
         if self.expiry_ns is not None:
             return self.expiry_ns
         if self.month is None:
-            raise InputError(
+            raise DataError(
                 f"contract {self.id} has no expiry: its id names no month code and "
                 "data.futures.roll.expiry_column is not set"
             )
@@ -102,16 +102,16 @@ class Roll:
 
 
 def parse_contract(contract_id: str, first_time_ns: int, pattern: str = ROOT_PATTERN) -> tuple:
-    """(root, month, year) of a contract id; a InputError naming it when it does not parse."""
+    """(root, month, year) of a contract id; a DataError naming it when it does not parse."""
     found = re.match(pattern, contract_id)
     if found is None or not {"root", "month", "year"} <= set(found.groupdict()):
-        raise InputError(
+        raise DataError(
             f"contract '{contract_id}' does not parse as root + month code + year "
             f"(data.futures.root_pattern={pattern!r})"
         )
     root, code, digits = found["root"], found["month"], found["year"]
     if code not in MONTH_CODES:
-        raise InputError(f"contract '{contract_id}': '{code}' is no month code ({MONTH_CODES})")
+        raise DataError(f"contract '{contract_id}': '{code}' is no month code ({MONTH_CODES})")
     start = int(np.datetime64(int(first_time_ns), "ns").astype("datetime64[Y]").astype(int)) + 1970
     if len(digits) >= 3:
         year = int(digits)
@@ -226,7 +226,7 @@ def _no_signal(
     else:
         what = f"no date of data.futures.roll.dates falls while {front.id} is held"
     if strict:
-        raise InputError(
+        raise DataError(
             f"contracts {front.id} and {nxt.id} overlap on {overlap} bars but {what}: no "
             "roll signal (data.futures.roll.rule)"
         )
@@ -413,7 +413,7 @@ def contracts_by_root(table: pa.Table, data: dict[str, Any]) -> dict[str, list[C
         rows = rows[np.argsort(t[rows], kind="stable")]
         twice = np.flatnonzero(np.diff(t[rows]) == 0)
         if len(twice):  # rows are sorted here: a time given twice is the file's duplicate
-            raise InputError(
+            raise DataError(
                 f"contract {contract_id} has two rows at {iso_time(t[rows[twice[0]]])}: one "
                 "bar per contract and time, drop the duplicate"
             )
@@ -422,13 +422,13 @@ def contracts_by_root(table: pa.Table, data: dict[str, Any]) -> dict[str, list[C
         else:  # the root column names it; the id may still give the month
             found = sorted(set(map(str, roots[rows])))
             if len(found) != 1:
-                raise InputError(
+                raise DataError(
                     f"contract {contract_id} has {len(found)} roots in data.futures.root_column "
                     f"'{root_of}': {', '.join(found)}"
                 )
             try:
                 _, month, year = parse_contract(contract_id, t[rows[0]], f["root_pattern"])
-            except InputError:
+            except DataError:
                 month = year = None
             root = found[0]
         by_root.setdefault(root, []).append(
@@ -456,7 +456,7 @@ def _expiries(table: pa.Table, column: str | None) -> np.ndarray | None:
     if pa.types.is_date(col.type):
         col = pc.cast(col, pa.timestamp("ms"))
     if not pa.types.is_timestamp(col.type):
-        raise InputError(
+        raise DataError(
             f"data.futures.roll.expiry_column '{column}' is {col.type}, expected a date or "
             "timestamp"
         )
@@ -471,7 +471,7 @@ def _expiry_of(
         return None
     found = expiries[rows]
     if (found == -1).any():
-        raise InputError(
+        raise DataError(
             f"expiry column '{column}' is empty in {int((found == -1).sum())} rows of contract "
             f"{contract_id}: every row needs its contract's expiry"
         )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError
 
 
 def normalize_rows(
@@ -22,7 +22,7 @@ def normalize_rows(
 ) -> np.ndarray:
     """Float64 `rows` [n, columns] normalized in place (no second float64 copy of a large
     table), each column by its `mean` and `std`, the target (column 0) by each row's centre
-    and scale in `target` when given, then as float32; an InputError naming the column (and
+    and scale in `target` when given, then as float32; a DataError naming the column (and
     the instrument of `instrument_of(row)`) where a value leaves float32's range."""
     own = None if target is None else (rows[:, 0] - target[0]) / target[1]
     rows -= np.asarray(mean)
@@ -47,13 +47,13 @@ def check_normalized(
     std: Sequence[float],
     instrument_of: Callable[[int], str | None],
 ) -> None:
-    """An InputError naming the column (and the instrument of `instrument_of(row)`) where the
+    """An DataError naming the column (and the instrument of `instrument_of(row)`) where the
     normalization statistics are not finite or the float32 normalized values [rows, columns]
     overflowed to inf: checked once, so that no batch carries one. (NaN is not looked for: the
     rows read are finite, and the rows after the data are NaN where nothing reads them.)"""
     for c, m, s in zip(columns, mean, std, strict=True):
         if not (np.isfinite(m) and np.isfinite(s)):
-            raise InputError(
+            raise DataError(
                 f"the normalization statistics of column '{c}' are not finite (mean {m:.3g}, "
                 f"std {s:.3g}): their values must fit in float32"
             )
@@ -62,7 +62,7 @@ def check_normalized(
         return
     row, col = (int(i) for i in np.argwhere(overflow)[0])
     instrument = instrument_of(row)
-    raise InputError(
+    raise DataError(
         f"column '{columns[col]}'{f' of instrument {instrument}' if instrument else ''} is "
         f"beyond float32's range after normalization with mean {mean[col]:.3g} and std "
         f"{std[col]:.3g}: a value far outside the range of the training rows"

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt_serve.clock import DAY_NS, Clock, utc_of_rows
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError
 
 TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 
@@ -34,22 +34,22 @@ def time_ns(table: pa.Table, column: str, unit: str | None, time_zone: str = "UT
     A naive time the zone skips or repeats (a daylight-saving change) is an error."""
     col = table.column(column)
     if col.null_count:
-        raise InputError(f"time column '{column}' has {col.null_count} null values")
+        raise DataError(f"time column '{column}' has {col.null_count} null values")
     naive = pa.types.is_timestamp(col.type) and col.type.tz is None
     try:
         if pa.types.is_integer(col.type):
             if unit is None:
-                raise InputError(_no_unit(column, col))
+                raise DataError(_no_unit(column, col))
             col = pc.cast(pc.cast(col, pa.int64()), pa.timestamp(unit))
         elif pa.types.is_date(col.type):
             col = pc.cast(col, pa.timestamp("ms"))
         elif not pa.types.is_timestamp(col.type):
-            raise InputError(
+            raise DataError(
                 f"time column '{column}' is {col.type}, expected a timestamp or integer"
             )
         col = pc.cast(col, pa.timestamp("ns", tz=col.type.tz))
     except (pa.ArrowInvalid, OverflowError) as exc:
-        raise InputError(
+        raise DataError(
             f"time column '{column}' has values out of range (nanoseconds since 1970 span the "
             f"years 1677-2262): {one_line(exc)}"
         ) from None
@@ -72,7 +72,7 @@ def _from_local(local: np.ndarray, column: str, time_zone: str) -> np.ndarray:
         i = int(np.argmax(skipped | repeated))
         when = "goes forward over" if skipped[i] else "goes back over"
         at = np.datetime64(int(local[i]), "ns").astype("datetime64[s]")
-        raise InputError(
+        raise DataError(
             f"time column '{column}' holds {at} without a time zone: a local time in "
             f"{time_zone} (data.calendar.time_zone), whose clock {when} it; store the column "
             f"with its zone (timestamp[ns, tz={time_zone}]) or in UTC (tz=UTC)"
@@ -104,7 +104,7 @@ def as_float(table: pa.Table, column: str) -> np.ndarray:
     """A numeric column as float64 values (nulls as NaN); an error for any other type."""
     col = table.column(column)
     if not is_numeric(col.type):
-        raise InputError(f"column '{column}' is {col.type}, expected a numeric column")
+        raise DataError(f"column '{column}' is {col.type}, expected a numeric column")
     # unsafe: an integer beyond 2**53 rounds to the nearest float64 instead of failing
     return pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
 
@@ -114,7 +114,7 @@ def as_text(col: pa.ChunkedArray | pa.Array, column: str) -> pa.ChunkedArray | p
     try:
         return pc.cast(col, pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise InputError(
+        raise DataError(
             f"group column '{column}' is {col.type}, which cannot name instruments: use text "
             "or integers"
         ) from None
@@ -126,7 +126,7 @@ def group_codes(table: pa.Table, column: str | None) -> tuple[np.ndarray, list[s
         return np.zeros(table.num_rows, dtype=np.int64), ["series"]
     col = table.column(column)
     if col.null_count:
-        raise InputError(f"group column '{column}' has {col.null_count} null values")
+        raise DataError(f"group column '{column}' has {col.null_count} null values")
     text = as_text(col, column)
     names = sorted(pc.unique(text).to_pylist())
     codes = pc.index_in(text, value_set=pa.array(names, pa.string())).to_numpy()
@@ -182,7 +182,7 @@ def by_root(
         roots.setdefault(root_of(after, codes == g, names[g], futures), []).append(names[g])
     for root, contracts in roots.items():
         if len(contracts) > 1:  # the first root (in file order) with several
-            raise InputError(
+            raise DataError(
                 f"rows to forecast (an empty close) follow the bars of {len(contracts)} "
                 f"contracts of {root}: {', '.join(map(str, contracts))}; give them for one "
                 "contract of a root"

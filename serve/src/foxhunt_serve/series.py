@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from foxhunt_serve.clock import Clock
 from foxhunt_serve.cross_section import panel
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.errors import DataError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
 from foxhunt_serve.read import as_float, group_codes, iso_time, time_ns, zone_of
@@ -27,7 +27,8 @@ class Series:
     time_ns: np.ndarray
     features: dict[str, np.ndarray]  # the model's observed and known inputs, float64
     static: dict[str, float]
-    target: np.ndarray
+    target: np.ndarray  # the model's target (after data.target_transform: `across`)
+    raw_target: np.ndarray | None = None  # the target before the transform (None: no transform)
 
 
 def non_finite(
@@ -46,7 +47,7 @@ def non_finite(
     if policy == "error":
         listed = ", ".join(f"'{c}' ({n})" for c, n in bad.items())
         first = min(int(np.argmax(~np.isfinite(columns[c]))) for c in bad)
-        raise InputError(
+        raise DataError(
             f"NaN/inf values in instrument {name}{locate(first)}: {listed}; "
             "set data.nan_policy=ffill or data.nan_policy=drop to handle them"
         )
@@ -88,14 +89,14 @@ def checked_rows(
     locate: Callable[[int], str] = lambda row: "",
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """One instrument's times and columns, checked (every value within float32's range, the
-    times strictly increasing) and with data.nan_policy applied: the rows kept. An InputError
+    times strictly increasing) and with data.nan_policy applied: the rows kept. An DataError
     names the column, row and time at fault (`locate(row)`: the file of a row, or empty).
     foxhunt's readers and the consumer both check here."""
     for c, v in cols.items():
         beyond = np.isfinite(v) & (np.abs(v) > FLOAT32_MAX)
         if beyond.any():
             i = int(np.argmax(beyond))
-            raise InputError(
+            raise DataError(
                 f"column '{c}' of instrument {name} holds {v[i]:.3g} at its row {i}{locate(i)}, "
                 f"beyond float32's range of +-{FLOAT32_MAX:.3g}: rescale the column"
             )
@@ -103,15 +104,15 @@ def checked_rows(
     if (steps <= 0).any():
         i = int(np.argmax(steps <= 0)) + 1
         if data["group_column"] is None and len(np.unique(t)) < len(t):  # a time twice: a panel
-            raise InputError(
+            raise DataError(
                 f"time column '{data['time_column']}' repeats {iso_time(t[i])} at row {i} "
                 f"(of {len(t)}){locate(i)}: a file of several instruments needs "
                 "data.group_column=NAME (their column)"
             )
-        raise InputError(out_of_order(data["time_column"], name, t, i, locate(i)))
+        raise DataError(out_of_order(data["time_column"], name, t, i, locate(i)))
     cols, keep = non_finite(cols, data["nan_policy"], name, locate)
     if not keep.any():  # as short as can be: an error, as a short one is, not left out unsaid
-        raise InputError(
+        raise DataError(
             f"instrument {name} has no rows left after data.nan_policy={data['nan_policy']}"
         )
     return t[keep], cols
@@ -139,7 +140,7 @@ def make_series(
         elif spec["role"] == "static":
             v = cols[spec["column"]]
             if np.ptp(v) > 0:
-                raise InputError(f"static feature '{feature}' varies within instrument {name}")
+                raise DataError(f"static feature '{feature}' varies within instrument {name}")
             static[feature] = float(v[0])
     target = made.pop(meta["target"]["name"])
     kept = {k: v[warmup:] for k, v in made.items()}
@@ -166,7 +167,7 @@ def _inputs(
         else:
             made[feature] = calendar(t, feature, clock).astype(float)
         if not np.isfinite(made[feature][warmup:]).all():
-            raise InputError(f"feature {feature} is not finite in {name}")
+            raise DataError(f"feature {feature} is not finite in {name}")
     return made
 
 
@@ -180,12 +181,12 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
         wanted += [c for c in (futures["roll"]["expiry_column"], futures["root_column"]) if c]
     missing = [c for c in dict.fromkeys(wanted) if c not in table.column_names]
     if missing:
-        raise InputError(
+        raise DataError(
             f"missing column(s) {', '.join(missing)} in {path}; "
             f"the file has: {', '.join(table.column_names)}"
         )
     if table.num_rows == 0:
-        raise InputError(f"{path} has no rows")
+        raise DataError(f"{path} has no rows")
     if futures is not None:
         table, _ = continuous(table, data)
     t = time_ns(table, data["time_column"], data["time_unit"], zone_of(data))
@@ -203,7 +204,8 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
 def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
     """`series` with the model's cross-sectional inputs and target transform (model.json's
     data.cross_section and data.target_transform; `foxhunt_serve.cross_section`), computed
-    across every instrument in the data at each time, as foxhunt computed them in training."""
+    across every instrument in the data at each time, as foxhunt computed them in training;
+    under a transform the target it replaces kept as `raw_target`."""
     data = meta["data"]
     how = data.get("cross_section", "none")
     transform = data.get("target_transform", "none")
@@ -218,7 +220,13 @@ def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
     targets, added = panel(
         [s.time_ns for s in series], [s.target for s in series], inputs, how, transform
     )
+    kept = transform != "none"  # the raw target beside the transformed one, for the output
     return [
-        replace(s, target=t, features=s.features | dict(zip(made, a.T, strict=True)))
+        replace(
+            s,
+            target=t,
+            raw_target=s.target if kept else None,
+            features=s.features | dict(zip(made, a.T, strict=True)),
+        )
         for s, t, a in zip(series, targets, added, strict=True)
     ]

@@ -10,10 +10,11 @@ import numpy as np
 import pyarrow as pa
 
 from foxhunt_serve.clock import Clock, Sessions, session_steps
-from foxhunt_serve.errors import InputError
+from foxhunt_serve.cross_section import complete_rows
+from foxhunt_serve.errors import DataError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.normalize import normalize_rows
-from foxhunt_serve.read import Future, group_codes, root_of, split_future
+from foxhunt_serve.read import Future, group_codes, root_of
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.series import across, load_series
 
@@ -27,7 +28,10 @@ class Facts:
     origin_ns: np.ndarray  # [N] the last encoder row's time
     target_ns: np.ndarray  # [N, H] each forecast step's time
     target_time_known: np.ndarray  # [N, H] False where the time was continued
-    actual: np.ndarray  # [N, H] NaN where not realised
+    actual: np.ndarray  # [N, H] the raw target realised, NaN where not realised
+    # [N, H] the model's own target realised (after data.target_transform; `actual` without
+    # one): what the quantiles forecast and calibration adapts to
+    target_actual: np.ndarray
 
 
 @dataclass
@@ -49,7 +53,7 @@ def bar_interval(name: str, time_ns: np.ndarray) -> int:
     """The most common step between the instrument's bars (a session gap does not count)."""
     steps, counts = np.unique(np.diff(time_ns), return_counts=True)
     if len(steps) == 0:
-        raise InputError(f"instrument {name} has one row: no bar interval to continue")
+        raise DataError(f"instrument {name} has one row: no bar interval to continue")
     return int(steps[np.argmax(counts)])
 
 
@@ -69,13 +73,13 @@ def future_steps(
     times = given.time_ns[:h] if given is not None else np.zeros(0, np.int64)
     user = {k: given.known[k][:h] if given else np.zeros(0) for k in user_known}
     if (np.diff(np.concatenate([time_ns[-1:], times])) <= 0).any():
-        raise InputError(
+        raise DataError(
             f"the rows after instrument {name}'s last target value are not later in time, "
             "one after the other; sort the file by instrument and time"
         )
     bad = [k for k, v in user.items() if not np.isfinite(v).all()]
     if bad:
-        raise InputError(
+        raise DataError(
             f"known input(s) {', '.join(bad)} empty in the rows after instrument {name}'s "
             "last target value: the forecast steps need them"
         )
@@ -106,9 +110,11 @@ class Cut:
         target: np.ndarray,
         times: np.ndarray,
         given: np.ndarray,
+        raw: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The origins (row indices) of the instrument's windows: its latest, or every one with
-        a full encoder history; and its rows' times, the steps after the data included."""
+        a full encoder history; and its rows' times, the steps after the data included. `raw`:
+        the target before data.target_transform (None: `target` is raw)."""
         n, f, h = len(target), len(times), self.h
         if f < h and not self.all_windows:
             self.lacking.append(f"{name} has {f}")
@@ -124,14 +130,17 @@ class Cut:
         self.parts["origin_ns"].append(time_all[origins])
         self.parts["target_ns"].append(time_all[steps])
         self.parts["target_time_known"].append(np.concatenate([np.ones(n, bool), given])[steps])
-        self.parts["actual"].append(np.concatenate([target, np.full(f, np.nan)])[steps])
+        after = np.full(f, np.nan)
+        self.parts["target_actual"].append(np.concatenate([target, after])[steps])
+        raw = target if raw is None else raw
+        self.parts["actual"].append(np.concatenate([raw, after])[steps])
         return origins, time_all
 
     def facts(self, known_columns: list[str], hint: str) -> dict[str, np.ndarray]:
         """Every window's facts; an error naming the instruments without the steps to forecast
         (`hint`: how to ask for past windows instead)."""
         if self.lacking:
-            raise InputError(
+            raise DataError(
                 f"the forecast needs the known input(s) {', '.join(known_columns)} for the "
                 f"{self.h} bars after an instrument's last target value: add those rows with "
                 f"the target empty ({'; '.join(self.lacking)})"
@@ -176,7 +185,7 @@ def build_windows(
     warnings were given by a build before it)."""
     data, features = meta["data"], meta["features"]
     e, h = meta["encoder_length"], meta["prediction_length"]
-    observed_rows, future = split_future(table, data)
+    observed_rows, future = complete_rows(table, data, meta["instruments"], h, quiet)
     series = across(load_series(observed_rows, meta, path), meta)
     names = sorted({s.name for s in series} | set(future))
     vocab, embedding_row = embedding_rows(names, meta)
@@ -193,7 +202,7 @@ def build_windows(
         times, given, user = future_steps(
             s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock, sessions
         )
-        origins, _ = cut.origins(s.name, s.time_ns, s.target, times, given)
+        origins, _ = cut.origins(s.name, s.time_ns, s.target, times, given, s.raw_target)
         if len(origins) == 0:
             continue
         history = np.column_stack([s.target, *(s.features[c] for c in columns[1:])])
@@ -242,7 +251,7 @@ def embedding_rows(names: list[str], meta: dict[str, Any]) -> tuple[list[str], d
     vocab = meta["instruments"]
     unknown = [n for n in names if vocab and n not in vocab] if meta["data"]["group_column"] else []
     if unknown and not meta.get("unseen_instruments"):  # (a model.json written before them)
-        raise InputError(f"instruments unknown to the model: {', '.join(unknown)}")
+        raise DataError(f"instruments unknown to the model: {', '.join(unknown)}")
     untrained = set(meta.get("untrained_instruments", []))
     at = {n: i for i, n in enumerate(vocab) if n not in untrained}
     return vocab, {n: at.get(n, len(vocab)) for n in names}
@@ -272,7 +281,7 @@ def check_history(
         f"left after NaN handling and the feature warm-up{warmup} count"
     )
     if len(short) == len(names):
-        raise InputError(found)
+        raise DataError(found)
     if not quiet:
         log.warning("left out, %s", found)
     return set(short)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt.evaluation.baselines import skill
-from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column
+from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, target_column
 
 
 def pooled(
@@ -40,7 +40,7 @@ def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
         pred = np.stack([table[c].to_numpy() for c in raw], axis=1)
     else:
         pred = delivered
-    actual, naive = table["actual"].to_numpy(), table["naive"].to_numpy()
+    actual, naive = table[target_column(table)].to_numpy(), table["naive"].to_numpy()
     scale = table["target_scale"].to_numpy()[:, None]
 
     def pinball(forecast: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     m = summary.get("metrics") or {}
     if m.get("test_loss") is None:
         return []
-    lines = [_loss_line(m)]
+    lines = [_loss_line(m, (summary.get("target") or {}).get("transform"))]
     if cross_sectional(m):
         lines.insert(0, f"cross-sectional {ic_figures(m)}")
     lines += _instrument_lines(m.get("by_instrument") or {})
@@ -43,7 +43,8 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
         lines.append(_strategy_line(strategy))
     book = summary.get("book") or {}
     if (book.get("model") or {}).get("sharpe") is not None:
-        lines.insert(0, _book_line(book))  # a panel is traded as a book: its figure leads
+        # a panel leads with what no target transform moves: rank IC by date, then the book
+        lines[:0] = [*_rank_ic_lines(book), _book_line(book)]
     elif book.get("skipped"):
         lines.insert(0, f"no cross-sectional book: {book['skipped']}")
     if summary.get("cpu_kernels"):  # (before the calibration, which ends what a person reads)
@@ -56,18 +57,45 @@ def console_summary(summary: dict[str, Any], report: Path | None = None) -> list
     return lines
 
 
-def _loss_line(m: dict[str, Any]) -> str:
-    """The test loss (calibrated too) and the skill against the strongest baseline."""
-    line = f"test loss {m['test_loss']:.4f} (quantile loss, normalized)"
+def _loss_line(m: dict[str, Any], transform: str | None = None) -> str:
+    """The test loss (calibrated too) and the skill against the strongest baseline, like for
+    like: the model's own quantiles against the baseline's, and both calibrated alike; the
+    target they were measured on named where it was transformed."""
+    on = "" if transform in (None, "none") else f" on the {transform} target"
+    line = f"test loss {m['test_loss']:.4f} (quantile loss{on}, normalized)"
     if m.get("calibrated_test_loss") is not None:
         line = line[:-1] + f"; calibrated {m['calibrated_test_loss']:.4f})"
     if m.get("skill") is not None:
         verdict = "beats" if m["skill"] > 0 else "does not beat"
+        calibrated = m.get("calibrated_skill")
+        alike = "" if calibrated is None else f", {calibrated:+.1%} both calibrated alike"
         line += (
-            f"; skill {m['skill']:+.1%} against {m['best_baseline']}, the strongest baseline: "
-            f"the model {verdict} it"
+            f"; skill {m['skill']:+.1%}{alike} against {m['best_baseline']}, the strongest "
+            f"baseline: the model {verdict} it"
         )
     return line
+
+
+def _rank_ic_lines(book: dict[str, Any]) -> list[str]:
+    """'rank IC by date, horizon 1: model +0.215 (ICIR 2.17, t 9.1), lightgbm +0.247 (...)':
+    each horizon's, the model's beside the strongest baseline's on the same dates."""
+    theirs = {r["horizon"]: r for r in book.get("best_baseline_ic_by_horizon") or []}
+
+    def figures(r: dict[str, Any] | None) -> str:
+        if r is None or r.get("rank_ic") is None:
+            return "n/a"
+        icir = "n/a" if r.get("icir") is None else f"{r['icir']:.2f}"
+        t = "n/a" if r.get("rank_ic_t") is None else f"{r['rank_ic_t']:.1f}"
+        return f"{r['rank_ic']:+.3f} (ICIR {icir}, t {t})"
+
+    rows = book.get("ic_by_horizon") or []
+    shown = [r for r in rows if r["horizon"] in (1, book.get("horizon", 1))]
+    return [
+        f"rank IC by date (raw returns), horizon {r['horizon']}: model {figures(r)}, "
+        f"best baseline {figures(theirs.get(r['horizon']))}"
+        + (f", over {r['dates']} dates" if r.get("dates") else "")
+        for r in shown
+    ]
 
 
 def _instrument_lines(per: dict[str, dict]) -> list[str]:

@@ -42,6 +42,7 @@ from foxhunt_serve import (
     Facts,
     Sessions,
     check_history,
+    complete_rows,
     future_steps,
     known_inputs,
     output,
@@ -55,7 +56,7 @@ from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import resolve_intraday
 from foxhunt.data.features import KNOWN_CALENDAR, clock_of
-from foxhunt.data.horizon import Future, known_of, split_future
+from foxhunt.data.horizon import Future, known_of
 from foxhunt.data.names import resolve_names
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema, drop_features
@@ -202,6 +203,7 @@ def _data_config(
     # the checkpoint fixes the window; the data config's lengths do not apply
     cfg.encoder_length, cfg.prediction_length = schema.encoder_length, schema.prediction_length
     cfg.target_transform = schema.target_transform  # as applied in training
+    cfg.target_kind = schema.target_kind  # as its training rows showed it (auto decided)
     resolve_intraday(cfg, schema)  # and whether its bars had a time of day
     if not OmegaConf.is_missing(cfg, "path") and Path(cfg.path).exists():
         resolve_names(cfg)  # the training file's columns (data.futures.enabled=auto decided)
@@ -275,7 +277,11 @@ def build_windows(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
             "data.group_column to the column that names them"
         )
-    observed_rows, future = split_future(table, cfg)
+    # a model trained across names reads up to the last complete time (foxhunt_serve)
+    read = data_section(cfg, schema)
+    observed_rows, future = complete_rows(
+        table, read, schema.groups, schema.prediction_length, quiet
+    )
     loaded = load_table(observed_rows, cfg)
     series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
@@ -313,7 +319,7 @@ def _cut(
         times, from_data, user = future_steps(
             s.name, s.time_ns, given, h, list(cfg.known_features), clock, sessions
         )
-        origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data)
+        origins, time_all = cut.origins(s.name, s.time_ns, s.target, times, from_data, s.raw_target)
         if len(origins) == 0:
             continue
         after = known_inputs(times, user, known, given_known, clock.dated(s.time_ns))
@@ -361,7 +367,9 @@ class Predictor:
         """Forecasts for the latest window of each instrument in `data` (a pyarrow Table, or a
         Parquet file or directory; None: data.path), or for every window with `all_windows`.
         One row per window and step: instrument, origin_time, horizon, target_time, one
-        column per quantile (q0.1, q0.5, ...) in the target's units, actual. `progress`: a
+        column per quantile (q0.1, q0.5, ...) in the target's units, actual (the raw target),
+        under a data.target_transform `actual_<transform>` (the model's target, which the
+        quantiles forecast), and target_transform (`foxhunt_serve.output`). `progress`: a
         progress bar (None: on a terminal, when there is more than one batch)."""
         if data is None:
             if OmegaConf.is_missing(self.data_cfg, "path"):
@@ -383,14 +391,14 @@ class Predictor:
         values = normalized.astype(np.float64) * scale[:, None, None] + center[:, None, None]
         time_type = table.schema.field(cfg.time_column).type
         columns = [quantile_column(q) for q in sorted(self.quantiles)]
-        return output(windows, values, columns, time_type)
+        return output(windows, values, columns, time_type, self.schema.target_transform)
 
     def _calibrated(self, pred: np.ndarray, w: Windows) -> np.ndarray:
         """The model's normalized forecasts calibrated (ACI: from the realized targets)."""
         if self.calibration is None:  # a model saved before calibration: only in order
             return np.sort(pred, axis=-1)
         center, scale = self._target(w)
-        actual = (w.actual - center[:, None]) / scale[:, None]
+        actual = (w.target_actual - center[:, None]) / scale[:, None]
         return self.calibration.apply(pred, w.instrument, actual, w.origin_ns, w.target_ns)
 
     def _target(self, w: Windows) -> tuple[np.ndarray, np.ndarray]:

@@ -102,6 +102,18 @@ def headline_section(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lightgbm_note(gbm: dict[str, Any]) -> list[str]:
+    """What the LightGBM baseline's fit was: its rounds, inputs, rows and time."""
+    if "rounds" not in gbm:
+        return []
+    return [
+        f"LightGBM: {gbm['rounds']} rounds by step (its spread's {gbm.get('spread_rounds')}), "
+        f"{gbm['inputs']} inputs, {gbm['training_rows']:,} training rows, fit in "
+        f"{gbm['fit_s']:.1f} s.",
+        "",
+    ]
+
+
 def baselines_section(summary: dict[str, Any]) -> list[str]:
     """Each baseline's losses beside the model's, the skill against the strongest, named, and
     the directional accuracy beside the base rate it must beat."""
@@ -140,11 +152,15 @@ def baselines_section(summary: dict[str, Any]) -> list[str]:
     subsampled = {n: b["subsampled"] for n, b in baselines.items() if "subsampled" in b}
     if subsampled:
         lines += [subsample_note(subsampled), ""]
+    lines += _lightgbm_note(baselines.get("lightgbm") or {})
     if m.get("skill") is not None:
         lines.append(
             f"**Skill against the strongest baseline ({m['best_baseline']}): {m['skill']:+.2%}**"
-            f" ({'better' if m['skill'] > 0 else 'no better'} than it on the test windows)."
+            f" ({'better' if m['skill'] > 0 else 'no better'} than it on the test windows), "
+            "the model's own quantiles against the baseline's."
         )
+    if m.get("calibrated_skill") is not None:
+        lines.append(f"Both calibrated alike: {m['calibrated_skill']:+.2%}.")
     accuracy, up = m.get("test_directional_accuracy"), m.get("test_up_share")
     if accuracy is not None and up is not None:
         lines.append(

@@ -19,7 +19,7 @@ from foxhunt.data.features import (
     warmup_of,
 )
 from foxhunt.data.source import one_line
-from foxhunt.errors import DataError
+from foxhunt.errors import ConfigError, DataError
 
 OHLCV_TARGET = "log_return"
 OHLCV_FIELDS = ("open", "high", "low", "close", "volume")
@@ -104,7 +104,7 @@ def futures_enabled(cfg: Any) -> bool:
     if futures is None:
         return False
     if futures.enabled == "auto":
-        raise DataError(
+        raise ConfigError(
             "data.futures.enabled=auto is decided from the data's instrument ids, and no data "
             "file was given: give data.path, or set data.futures.enabled=true or false"
         )
@@ -123,7 +123,7 @@ def extra_features(
     roles |= dict.fromkeys(feature_names(spec)[0] if spec else (), "a derived feature")
     for c in extra:
         if c in roles:
-            raise DataError(f"data.extra_features names '{c}', which is {roles[c]}")
+            raise ConfigError(f"data.extra_features names '{c}', which is {roles[c]}")
     return [c for c in extra if c not in observed]
 
 

@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data import daylight
-from foxhunt.data.cross_section import PANEL_NAMES
 from foxhunt.data.features import INTRADAY_CALENDAR, clock_of, learned_sessions
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import bar_step, read_data, read_end, timeline
@@ -129,14 +128,6 @@ class ParquetDataModule(L.LightningDataModule):
             )
             schema, arrays, self.splits = store.schema, store.arrays, store.splits
             self.rolls, instruments = store.rolls, store.instruments
-            if str(getattr(self.cfg, "target_transform", "none")) == "auto" and (
-                instruments >= PANEL_NAMES and schema["target_kind"] == "return"
-            ):
-                log.warning(
-                    "data: data.target_transform=auto left the target as it is: the panel is "
-                    "read one name at a time (data.lazy); data.lazy=false takes out the mean "
-                    "across the names (foxhunt.data.cross_section)"
-                )
         else:  # every instrument at once, in memory
             loaded = read_data(self.cfg)  # first: its checks name what is wrong with the files
             cuts = calendar_cuts(timeline(self.cfg), self.cfg)

@@ -42,7 +42,8 @@ class Series:
     observed: np.ndarray  # float64 [rows, n_observed]
     known: np.ndarray  # float64 [rows, n_known]
     static: np.ndarray  # float64 [n_static_real]
-    target: np.ndarray  # float64 [rows]
+    target: np.ndarray  # float64 [rows]: the model's (after data.target_transform)
+    raw_target: np.ndarray | None = None  # float64 [rows]: before it (None: no transform)
 
 
 @dataclass

@@ -33,13 +33,14 @@ from typing import Any
 from foxhunt_serve import Roll
 from omegaconf import OmegaConf
 
-from foxhunt.data.columns import model_inputs, resolve_columns
-from foxhunt.data.read import timeline
+from foxhunt.data import cross_section
+from foxhunt.data.columns import model_inputs, resolve_columns, resolve_target_kind
+from foxhunt.data.read import instrument_names, timeline
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import SPLITS, calendar_cuts
 from foxhunt.data.stream import stream
 from foxhunt.data.windows import DiskWindowBuilder, Resolve, WindowArrays, on_disk, split_windows
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import ConfigError, WriteError
 from foxhunt.files import alive
 
 FORMAT_VERSION = 10  # 2: calendar splits; 3: time.i64; 4: constant features dropped; 5: rolls
@@ -75,19 +76,48 @@ def eager_bytes_estimate(cfg: Any) -> int:
 
 
 def wants_lazy(cfg: Any) -> bool:
-    """data.lazy: true, false, or auto (lazy when the in-memory path would need more than
-    LAZY_MEMORY_FRACTION of the memory available now)."""
+    """data.lazy: true, false, or auto: lazy when the in-memory path would need more than
+    LAZY_MEMORY_FRACTION of the memory available now, unless the data's cross-section needs
+    every name's rows at once (data.cross_section, or data.target_transform as it resolves on
+    the data: `foxhunt.data.cross_section`). Free memory never changes what is trained: such a
+    panel is read in memory, and a ConfigError refuses it in one line where data.lazy=true, or
+    where the memory free cannot hold it. A transform that waits for the target's kind (PENDING)
+    may be read lazily: `_build` refuses it once the training rows show returns."""
     lazy = cfg.lazy
     if isinstance(lazy, str) and lazy.lower() in ("true", "false"):
         lazy = lazy.lower() == "true"
-    if isinstance(lazy, bool):
-        return lazy
-    asked = {str(getattr(cfg, k, "none")) for k in ("cross_section", "target_transform")}
-    if asked - {"none", "auto"}:  # every name's rows at once (foxhunt.data.cross_section)
+    if lazy is False:
         return False
-    if lazy != "auto":
+    if lazy is not True and lazy != "auto":
         raise ConfigError(f"data.lazy must be auto, true or false, got {lazy!r}")
-    return eager_bytes_estimate(cfg) > LAZY_MEMORY_FRACTION * _available_bytes()
+    # the names decide auto; under data.lazy=true only where the kind is known before the read
+    counted = lazy == "auto" or resolve_target_kind(cfg) == "return"
+    auto = str(getattr(cfg, "target_transform", "none")) == "auto"
+    names = _names(cfg) if auto and counted else 0
+    transform = cross_section.ahead(cfg, names)
+    if lazy is True:
+        why = "data.lazy=true reads the panel one name at a time"
+        refused = cross_section.refusal(cfg, transform, names, why, "set data.lazy=false")
+        if refused:
+            raise ConfigError(refused)
+        return True
+    need, free = eager_bytes_estimate(cfg), _available_bytes()
+    why = f"the panel needs about {need / 2**30:.1f} GiB in memory, {free / 2**30:.1f} GiB free"
+    refused = cross_section.refusal(cfg, transform, names, why, "free memory")
+    if refused and need > free:
+        raise ConfigError(refused)
+    if refused:
+        return False
+    if transform == cross_section.PENDING:  # in memory while it fits, else refused if returns
+        return need > free
+    return need > LAZY_MEMORY_FRACTION * free
+
+
+def _names(cfg: Any) -> int:
+    """The data's instruments (data.futures: roots), from the group column alone."""
+    if not cfg.group_column:
+        return 1
+    return len(instrument_names(open_dataset(cfg.path), cfg))
 
 
 def cache_root(cfg: Any) -> Path:
@@ -182,7 +212,7 @@ def open_store(cfg: Any, fixed_schema: dict | None, resolve: Resolve) -> Store:
         shutil.rmtree(building, ignore_errors=True)
         if (entry / "meta.json").exists():  # another process finished it first
             return _open(entry, reused=True)
-        raise DataError(f"cannot write the window store in {root}: {exc}") from None
+        raise WriteError(f"cannot write the window store in {root}: {exc}") from None
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
@@ -215,6 +245,8 @@ def _build(cfg: Any, folder: Path, resolve: Resolve) -> None:
     cuts = calendar_cuts(timeline(cfg), cfg)
     builder = DiskWindowBuilder(folder)
     schema, arrays, splits = split_windows(loaded, cuts, cfg, resolve, builder)
+    # the kind the training rows showed decides a transform that waited for it (wants_lazy)
+    cross_section.refuse_streamed(cfg, schema["target_kind"], len(builder.names))
     shutil.rmtree(folder / "spill", ignore_errors=True)
     meta = {
         "version": FORMAT_VERSION,

@@ -17,6 +17,8 @@ one chunk; its folder then holds
     known.f32    [rows, known]                 the trailing columns of inputs, contiguous
     group.i64    [rows]                        its series: the index of its name in meta.json
     time.i64     [rows]                        each row's time, int64 ns UTC (for the baselines)
+    raw.f64      [rows]                        the target before data.target_transform, in its
+                                               units (only under a transform)
     static.npy   [series, static]              normalized static reals (and target scale)
     train.i64, val.i64, test.i64               window starts of each split
 
@@ -38,6 +40,7 @@ from foxhunt_serve import moments
 from foxhunt_serve import normalize_rows as normalize_columns
 from torch.utils.data import Dataset
 
+from foxhunt.data import cross_section
 from foxhunt.data.read import Loaded, Series
 from foxhunt.data.schema import DataSchema, drop_features, found_schema
 from foxhunt.data.splits import (
@@ -102,6 +105,7 @@ class WindowDataset(Dataset):
         prediction_length: int,
         has_groups: bool,
         time_ns: torch.Tensor | None = None,
+        raw_target: np.ndarray | None = None,
     ) -> None:
         self.inputs = inputs  # [rows, 1 + observed + known], normalized
         self.known = known  # [rows, known]: the trailing columns of inputs, contiguous
@@ -114,6 +118,9 @@ class WindowDataset(Dataset):
         self.target_scale = torch.from_numpy(series.scale.astype(np.float32))
         # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
         self.time_ns = time_ns
+        # [rows] float64 in the target's units: the target before data.target_transform, for
+        # the forecast table's raw `actual` (None: the target is raw), never in a batch
+        self.raw_target = raw_target
         self.starts = torch.from_numpy(starts)
         self.enc_offsets = torch.arange(encoder_length)
         self.dec_offsets = torch.arange(encoder_length, encoder_length + prediction_length)
@@ -172,6 +179,8 @@ class WindowArrays:
     series: PerSeries
     time_ns: np.ndarray  # [rows] int64 ns UTC
     starts: dict[str, np.ndarray]  # each split's window starts (int64 rows)
+    # [rows] float64: the target before data.target_transform, in its units (None: none applied)
+    raw_target: np.ndarray | None = None
 
     def datasets(
         self, encoder_length: int, prediction_length: int, has_groups: bool
@@ -193,6 +202,7 @@ class WindowArrays:
                 prediction_length,
                 has_groups,
                 time_ns,
+                self.raw_target,
             )
             for split, starts in self.starts.items()
         }
@@ -234,6 +244,7 @@ class WindowBuilder:
         self.rows = 0
         self._rows: list[np.ndarray] = []
         self._times: list[np.ndarray] = []
+        self._raw: list[np.ndarray | None] = []  # each one's target before its transform
         self._starts: dict[str, list[np.ndarray]] = {s: [] for s in self.splits}
         self._train: list[slice] = []
 
@@ -245,12 +256,14 @@ class WindowBuilder:
         starts: Sequence[np.ndarray],
         static: np.ndarray,
         train: slice = slice(0, 0),
+        raw: np.ndarray | None = None,
     ) -> None:
         """Instrument `name`: its float64 encoder rows (`encoder_rows`) and their int64 times,
         its window starts in each split (numbered in its own rows) and its static reals;
-        `train`: its rows whose statistics normalize (`statistics`)."""
+        `train`: its rows whose statistics normalize (`statistics`); `raw`: its target before
+        data.target_transform, a value a row (None: the target is raw)."""
         offset = dict(zip(self.splits, (st + self.rows for st in starts), strict=True))
-        self._keep(rows, time_ns.astype(np.int64, copy=False), offset, train)
+        self._keep(rows, time_ns.astype(np.int64, copy=False), offset, train, raw)
         for split, st in offset.items():
             self.counts[split] += len(st)
         self.names.append(name)
@@ -259,10 +272,16 @@ class WindowBuilder:
         self.rows += len(rows)
 
     def _keep(
-        self, rows: np.ndarray, time_ns: np.ndarray, starts: dict[str, np.ndarray], train: slice
+        self,
+        rows: np.ndarray,
+        time_ns: np.ndarray,
+        starts: dict[str, np.ndarray],
+        train: slice,
+        raw: np.ndarray | None,
     ) -> None:
         self._rows.append(rows)
         self._times.append(time_ns)
+        self._raw.append(raw)
         for split, st in starts.items():
             self._starts[split].append(st)
         self._train.append(slice(self.rows + train.start, self.rows + train.stop))
@@ -311,7 +330,18 @@ class WindowBuilder:
             series=series,
             time_ns=np.concatenate(self._times),
             starts={split: np.concatenate(st) for split, st in self._starts.items()},
+            raw_target=raw_rows(self._raw, self.lengths),
         )
+
+
+def raw_rows(raw: list[np.ndarray | None], lengths: list[int]) -> np.ndarray | None:
+    """Every series' target before data.target_transform (`raw`, each one's or None, of
+    `lengths` rows) as one float64 array: None where no series has one, NaN for one without."""
+    if all(r is None for r in raw):
+        return None
+    return np.concatenate(
+        [np.full(n, np.nan) if r is None else r for r, n in zip(raw, lengths, strict=True)]
+    ).astype(np.float64, copy=False)
 
 
 class DiskWindowBuilder(WindowBuilder):
@@ -325,7 +355,12 @@ class DiskWindowBuilder(WindowBuilder):
         self._moments: Moments | None = None  # of the training rows
 
     def _keep(
-        self, rows: np.ndarray, time_ns: np.ndarray, starts: dict[str, np.ndarray], train: slice
+        self,
+        rows: np.ndarray,
+        time_ns: np.ndarray,
+        starts: dict[str, np.ndarray],
+        train: slice,
+        raw: np.ndarray | None,
     ) -> None:
         if self._moments is None:
             self._moments = Moments(rows.shape[1])
@@ -333,6 +368,8 @@ class DiskWindowBuilder(WindowBuilder):
         self._append("inputs.f64", rows)
         self._append("ordinal.i64", np.full(len(rows), len(self.names), np.int64))
         self._append("time.i64", time_ns)
+        if raw is not None:  # a transform applies to every series or none
+            self._append("raw.f64", np.asarray(raw, np.float64))
         for split, st in starts.items():
             self._append(f"{split}.i64", st)
 
@@ -400,6 +437,7 @@ def on_disk(
     """The arrays a DiskWindowBuilder wrote to `folder` (`rows` of `columns` encoder columns,
     `known` of them known inputs; `counts` windows of each split; normalized with schema dict
     `schema`; the series `names`), as memmaps."""
+    raw = folder / "raw.f64"  # written under a data.target_transform only
     return WindowArrays(
         inputs=_memmap(folder / "inputs.f32", np.float32, (rows, columns)),
         target=_memmap(folder / "target.f32", np.float32, (rows,)),
@@ -408,6 +446,7 @@ def on_disk(
         series=by_name(schema, names, np.load(folder / "static.npy")),
         time_ns=_memmap(folder / "time.i64", np.int64, (rows,)),
         starts={s: _memmap(folder / f"{s}.i64", np.int64, (n,)) for s, n in counts.items()},
+        raw_target=_memmap(raw, np.float64, (rows,)) if raw.exists() else None,
     )
 
 
@@ -425,6 +464,15 @@ def split_windows(
     # what they say of the target (foxhunt.data.target), read as the instruments stream by
     target_moments: dict[str, list] = {"return": [], "level": []}
     found_evidence, untrained = [], []  # untrained: the names without a training window
+    configured = str(getattr(cfg, "target_kind", "auto"))
+    judged = None  # (kind, warnings) where data.target_transform waits for the kind
+    if loaded.target_transform == cross_section.PENDING:  # (every series in memory)
+        raw = [
+            evidence(s.name, s.target[split_starts(s.time_ns, cuts, E, H)[-1]])
+            for s in loaded.series
+        ]
+        judged = target_kind(configured, loaded.target_kind, loaded.target, raw)
+        loaded = cross_section.settle(dataclasses.replace(loaded, target_kind=judged[0]), cfg)
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
         if not len(starts[0]):
@@ -433,9 +481,10 @@ def split_windows(
         found_evidence.append(evidence(s.name, s.target[train]))
         for kind, found_moments in target_moments.items():
             found_moments.append(moments(s.target[train], kind, s.target[:1]))
-        builder.add(s.name, encoder_rows(s), s.time_ns, starts, s.static, train)
-    configured = str(getattr(cfg, "target_kind", "auto"))
-    kind, warnings = target_kind(configured, loaded.target_kind, loaded.target, found_evidence)
+        builder.add(s.name, encoder_rows(s), s.time_ns, starts, s.static, train, s.raw_target)
+    kind, warnings = judged or target_kind(
+        configured, loaded.target_kind, loaded.target, found_evidence
+    )
     loaded = dataclasses.replace(loaded, target_kind=kind)
     mean, std, constant = builder.statistics()
     stats = (mean, std, target_moments[kind])

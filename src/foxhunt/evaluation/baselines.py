@@ -18,20 +18,20 @@ from the last observed value for a level target.
 - `linear`: one linear map per quantile and step, fit by minimizing the quantile loss, on the
   inputs the TFT sees: the encoder's last row, its latest moves and volatility, the decoder's
   known inputs, the statics and the instrument.
-- `lightgbm`: one LightGBM quantile model per quantile on the same inputs (the step as a
-  feature), when `lightgbm` is installed (`pip install -e ".[baselines]"`).
+- `lightgbm`: the LightGBM a quant writes (`foxhunt.evaluation.gbm`): every training window,
+  a practitioner's features of the window and, on a panel, their ranks by date, a label
+  z-scored across names by date, early-stopped on the validation windows; when `lightgbm` is
+  installed (`pip install -e ".[baselines]"`).
 
-The tables and models are estimated from an evenly spaced subsample of the training windows
-past a bound (TABLE_WINDOWS, MODEL_WINDOWS), which bounds the time they add to a run and is
-recorded as `subsampled`; the linear and LightGBM quantiles are sorted before scoring (never
-worse, Chernozhukov et al. 2010), as a skeptic would."""
+The tables and the linear model are estimated from an evenly spaced subsample of the training
+windows past a bound (TABLE_WINDOWS, MODEL_WINDOWS), which bounds the time they add to a run
+and is recorded as `subsampled`; the linear and LightGBM quantiles are sorted before scoring
+(never worse, Chernozhukov et al. 2010), as a skeptic would."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,27 +39,35 @@ import torch
 
 from foxhunt.data.splits import mean_std
 from foxhunt.data.windows import WindowDataset
+from foxhunt.evaluation import gbm
 from foxhunt.evaluation.loss import quantile_loss
+from foxhunt.evaluation.moves import (
+    EWMA_DECAY,
+    QuantileTable,
+    Windows,
+    by_instrument,
+    ewma_volatility,
+    gather,
+)
 from foxhunt.evaluation.tally import Tally
 from foxhunt.run.progress import steps
+from foxhunt.threads import usable_cpus
 
 DAY_NS = 86_400 * 10**9
 SEASON_NS = 30 * 60 * 10**9  # the shortest time-of-day bucket
 MIN_CELL = 30  # training moves a seasonal cell needs; fewer: the instrument's unconditional ones
-EWMA_DECAY = 0.94  # RiskMetrics' lambda
 SIGMA_FLOOR = 0.1  # of the median training volatility: a flat encoder still forecasts a spread
-LAGS = 8  # the encoder's latest moves among the linear and LightGBM inputs
-# Training windows the baselines are fit on, at most (more: an evenly spaced subsample). What a
-# fit costs grows with its windows; measured on 250 daily instruments x 2000 bars (306,250
-# training windows, encoder 64; one thread, load average 4-5 on 2 cores): the quantile tables
-# take 0.2-0.7 s on all of them, but gathered they hold ~1 kB a window (100,000: ~95 MB); the
-# linear and LightGBM fits take ~1.8 and ~3-4 s per 10,000 windows (on all: 55 s and 93 s, and
-# 12 GB peak for LightGBM's one row per window and step), while twice the windows, steps or
-# rounds scored the same on the bundled sample
+LAGS = 8  # the encoder's latest moves among the linear model's inputs
+# Training windows the tables and the linear model are fit on, at most (more: an evenly spaced
+# subsample). What a fit costs grows with its windows; measured on 250 daily instruments x 2000
+# bars (306,250 training windows, encoder 64; one thread, load average 4-5 on 2 cores): the
+# quantile tables take 0.2-0.7 s on all of them, but gathered they hold ~1 kB a window (100,000:
+# ~95 MB); the linear fit takes ~1.8 s per 10,000 windows (on all: 55 s), while twice the
+# windows or steps scored the same on the bundled sample. LightGBM, the strongest, is fit on
+# all the training windows (`gbm`: within its memory budget)
 TABLE_WINDOWS = 100_000
 MODEL_WINDOWS = 10_000
 LINEAR_STEPS = 100  # full-batch Adam steps
-LIGHTGBM_ROUNDS = 50
 CHUNK = 16_384  # windows gathered and scored at a time
 MODEL = "model"  # the model's own forecasts, scored beside the baselines
 INTERVAL_ROWS = 1_000_000  # rows the median bar interval is taken over
@@ -70,101 +78,6 @@ Predict = Callable[["Windows"], np.ndarray]
 
 class Skipped(Exception):
     """A baseline that cannot be fit here; the message says why."""
-
-
-@dataclass
-class Windows:
-    """What the baselines see of some windows (normalized target units)."""
-
-    target: torch.Tensor  # [n, H] float32, what the model is scored against
-    reference: torch.Tensor  # [n, H] the naive forecast: zero, or the last observed value
-    history: np.ndarray  # [n, E (returns) or E - 1 (a level's differences)] the encoder's moves
-    last_step: np.ndarray  # [n, inputs] the encoder's last row
-    known: np.ndarray  # [n, H, known] the decoder's known inputs
-    static: np.ndarray  # [n, static reals]
-    group: np.ndarray  # [n] instrument index
-    time_ns: np.ndarray | None  # [n, H] the targets' times (None: the windows carry none)
-    index: np.ndarray  # [n] the windows' indices in their dataset
-
-    @property
-    def move(self) -> np.ndarray:
-        """[n, H] the target's move from the reference: what the baselines forecast."""
-        return (self.target - self.reference).double().numpy()
-
-
-def gather(ds: WindowDataset, indices: np.ndarray, target_kind: str) -> Windows:
-    """The windows `indices` of `ds`, indexed straight from its rows (no [n, E, inputs] batch)."""
-    starts = ds.starts[torch.as_tensor(indices, dtype=torch.int64)]
-    enc = starts[:, None] + ds.enc_offsets
-    dec = starts[:, None] + ds.dec_offsets
-    target = ds.target[dec]
-    history = ds.target[enc].double().numpy()
-    if target_kind == "return":  # normalized returns keep zero at zero (splits: mean 0)
-        reference = torch.zeros_like(target)
-    else:
-        reference = ds.target[enc[:, -1]][:, None].expand_as(target)
-        history = np.diff(history, axis=1)
-    group = ds.group[starts]
-    return Windows(
-        target=target,
-        reference=reference,
-        history=history,
-        last_step=ds.inputs[enc[:, -1]].double().numpy(),
-        known=ds.known[dec].double().numpy(),
-        static=ds.static_real[group].double().numpy(),
-        group=group.numpy(),
-        time_ns=None if ds.time_ns is None else ds.target_times(indices),
-        index=indices,
-    )
-
-
-class QuantileTable:
-    """Quantiles of training values by cell (an integer key for every value)."""
-
-    def __init__(
-        self, keys: np.ndarray, values: np.ndarray, quantiles: np.ndarray, min_count: int = 1
-    ) -> None:
-        keys, values = keys.ravel(), values.ravel()
-        order = np.argsort(keys, kind="stable")
-        cells, first, counts = np.unique(keys[order], return_index=True, return_counts=True)
-        keep = counts >= min_count  # a thinner cell is looked up as missing
-        parts = np.split(values[order], first[1:])
-        self.cells = cells[keep]
-        self.table = np.array(
-            [np.quantile(v, quantiles) for v, k in zip(parts, keep, strict=True) if k]
-        ).reshape(-1, len(quantiles))
-
-    def __call__(self, keys: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-        """[*keys.shape, Q]: each key's quantiles, `fallback`'s where its cell is missing."""
-        if len(self.cells) == 0:
-            return fallback
-        i = np.searchsorted(self.cells, keys).clip(max=len(self.cells) - 1)
-        return np.where((self.cells[i] == keys)[..., None], self.table[i], fallback)
-
-
-def by_instrument(
-    group: np.ndarray, values: np.ndarray, quantiles: np.ndarray
-) -> Callable[[np.ndarray], np.ndarray]:
-    """The quantiles of `values` [n, H] per instrument and step, as a function of the windows'
-    instruments; an instrument without training windows gets all instruments' quantiles."""
-    steps = np.arange(values.shape[1])
-    pooled = QuantileTable(np.broadcast_to(steps, values.shape), values, quantiles)
-    own = QuantileTable(group[:, None] * len(steps) + steps, values, quantiles)
-    everyone = pooled(steps, np.zeros((len(steps), len(quantiles))))  # [H, Q]
-
-    def lookup(g: np.ndarray) -> np.ndarray:
-        return own(
-            g[:, None] * len(steps) + steps, np.broadcast_to(everyone, (len(g), *everyone.shape))
-        )
-
-    return lookup
-
-
-def ewma_volatility(history: np.ndarray) -> np.ndarray:
-    """[n] the square root of the exponentially weighted mean of the squared moves [n, E]
-    (decay EWMA_DECAY, the latest weighted most; weights summing to one over the encoder)."""
-    weights = EWMA_DECAY ** np.arange(history.shape[1] - 1, -1, -1)
-    return np.sqrt(history**2 @ (weights / weights.sum()))
 
 
 def bar_interval_ns(ds: WindowDataset) -> float:
@@ -274,47 +187,6 @@ def fit_linear(train: Windows, quantiles: np.ndarray, groups: int) -> tuple[Pred
     return predict, f"linear quantile regression on the model's inputs ({n} training windows)"
 
 
-def fit_lightgbm(train: Windows, quantiles: np.ndarray, groups: int) -> tuple[Predict, str]:
-    if importlib.util.find_spec("lightgbm") is None:
-        raise Skipped('lightgbm is not installed (pip install -e ".[baselines]")')
-    import lightgbm
-
-    def rows(w: Windows) -> np.ndarray:
-        """One row per window and step: the window's inputs, that step's known inputs, step."""
-        n, steps = w.target.shape
-        return np.column_stack(
-            [
-                np.repeat(window_inputs(w, groups), steps, axis=0),
-                w.known.reshape(n * steps, -1),
-                np.tile(np.arange(steps), n),
-            ]
-        )
-
-    params = {
-        "objective": "quantile",
-        "learning_rate": 0.1,
-        "num_leaves": 15,
-        "min_data_in_leaf": 100,
-        "deterministic": True,  # with force_row_wise: the same model on every run
-        "force_row_wise": True,
-        "seed": 0,
-        "verbose": -1,
-    }
-    data = lightgbm.Dataset(rows(train), train.move.ravel(), free_raw_data=False)
-    models = [
-        lightgbm.train(params | {"alpha": float(a)}, data, num_boost_round=LIGHTGBM_ROUNDS)
-        for a in quantiles
-    ]
-
-    def predict(w: Windows) -> np.ndarray:
-        x = rows(w)
-        pred = np.stack([m.predict(x) for m in models], axis=-1)
-        return np.sort(pred.reshape(*w.target.shape, len(quantiles)), axis=-1)
-
-    n = len(train.group)
-    return predict, f"LightGBM quantile models, {LIGHTGBM_ROUNDS} rounds ({n} training windows)"
-
-
 def _sample(n: int, at_most: int, rng: np.random.Generator) -> np.ndarray:
     """All `n` window indices, or `at_most` evenly spaced from a seeded offset: every
     instrument's share of them over its whole history (a dataset's windows run instrument by
@@ -384,11 +256,17 @@ def model_forecasts(pred: np.ndarray, target_kind: str) -> Predict:
 
 
 def fit_baselines(
-    train: WindowDataset, target_kind: str, quantiles: list[float], seed: int = 0
+    train: WindowDataset,
+    target_kind: str,
+    quantiles: list[float],
+    seed: int = 0,
+    val: WindowDataset | None = None,
 ) -> tuple[dict[str, Predict], dict[str, dict]]:
-    """Every baseline fit on the training windows (past TABLE_WINDOWS or MODEL_WINDOWS, an
-    evenly spaced subsample from a seeded offset): the fitted ones by name, and for every one
-    {about, fit_s, and when subsampled: subsampled: {from, to} windows}, or {skipped: why}."""
+    """Every baseline fit on the training windows (the tables and the linear model past
+    TABLE_WINDOWS or MODEL_WINDOWS on an evenly spaced subsample from a seeded offset; LightGBM
+    on all of them within its memory budget, early-stopped on `val`'s, `gbm`): the fitted ones
+    by name, and for every one {about, fit_s, and when subsampled: subsampled: {from, to}
+    windows; LightGBM's rounds and inputs too}, or {skipped: why}."""
     q = np.asarray(quantiles, dtype=np.float64)
     rng = np.random.default_rng(seed)
     tables = gather(train, _sample(len(train), TABLE_WINDOWS, rng), target_kind)
@@ -400,23 +278,32 @@ def fit_baselines(
         "volatility_scaled": lambda: fit_volatility_scaled(tables, q, target_kind),
         "seasonal": lambda: fit_seasonal(tables, q, bar_interval_ns(train), target_kind),
         "linear": lambda: fit_linear(models, q, groups),
-        "lightgbm": lambda: fit_lightgbm(models, q, groups),
+        "lightgbm": lambda: fit_lightgbm(train, val, q, target_kind),
     }
     fit_on = {"unconditional": tables, "volatility_scaled": tables, "seasonal": tables}
-    fit_on |= {"linear": models, "lightgbm": models}
+    fit_on |= {"linear": models}
     predictors: dict[str, Predict] = {}
     out: dict[str, dict] = {}
     for name, fit in steps(list(fits.items()), "baselines: fit", label=lambda f: f[0]):
         started = time.perf_counter()
         try:
-            predictors[name], about = fit()
+            predictors[name], about, *facts = fit()
         except Skipped as why:
             out[name] = {"skipped": str(why)}
             continue
         out[name] = {"about": about, "fit_s": round(time.perf_counter() - started, 2)}
+        out[name] |= facts[0] if facts else {}
         if name in fit_on and len(fit_on[name].index) < len(train):
             out[name]["subsampled"] = {"from": len(train), "to": len(fit_on[name].index)}
     return predictors, out
+
+
+def fit_lightgbm(
+    train: WindowDataset, val: WindowDataset | None, q: np.ndarray, target_kind: str
+) -> tuple[Predict, str, dict[str, Any]]:
+    if not gbm.available():
+        raise Skipped('lightgbm is not installed (pip install -e ".[baselines]")')
+    return gbm.fit_lightgbm(train, val, q, target_kind, usable_cpus())
 
 
 def score_baselines(
@@ -427,7 +314,7 @@ def score_baselines(
     model: np.ndarray | None = None,
     seed: int = 0,
     apart: dict[str, list[int]] | None = None,
-) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None]:
+) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None, Predict | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
     test dataset's order; `foxhunt.app.train.forecast_split`) when given, and on the test
@@ -436,8 +323,11 @@ def score_baselines(
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},
     {None (pooled) and each instrument: {windows, up_share, and with the model: test_loss,
     test_directional_accuracy, skill, best_baseline}} on the test windows,
-    the strongest baseline's forecasts of the test windows like `model`'s, or None)."""
-    predictors, out = fit_baselines(datasets["train"], target_kind, quantiles, seed)
+    the strongest baseline's forecasts of the test windows like `model`'s, or None, and its
+    predictor, to forecast other windows: the calibration's, `foxhunt.evaluation.judge`)."""
+    predictors, out = fit_baselines(
+        datasets["train"], target_kind, quantiles, seed, datasets.get("val")
+    )
     if len(datasets["val"]):
         scored, _ = score(
             predictors, datasets["val"], target_kind, quantiles, names, "baselines: validation"
@@ -445,7 +335,7 @@ def score_baselines(
         for name, found in scored.items():
             out[name]["val_loss"] = found[None]["loss"]
     if not len(datasets["test"]):
-        return out, {}, None
+        return out, {}, None, None
     if model is not None:
         predictors[MODEL] = model_forecasts(model, target_kind)
     scored, test = score(
@@ -460,11 +350,11 @@ def score_baselines(
         against, best = skill(own[key]["test_loss"], {n: f[key] for n, f in scored.items()})
         test[key] |= own[key] | {"skill": against, "best_baseline": best}
     best = skill(0.0, out)[1]  # the strongest on the test windows, pooled
-    best_forecasts = None
-    if best:
-        desc = f"baselines: {best}'s test forecasts"
-        best_forecasts = forecast_all(predictors[best], datasets["test"], target_kind, desc)
-    return out, test, best_forecasts
+    if not best:
+        return out, test, None, None
+    desc = f"baselines: {best}'s test forecasts"
+    forecasts = forecast_all(predictors[best], datasets["test"], target_kind, desc)
+    return out, test, forecasts, predictors[best]
 
 
 def forecast_all(

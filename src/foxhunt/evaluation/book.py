@@ -15,17 +15,24 @@ Conventions (shared with `foxhunt.evaluation.strategy`, whose `held_bars` gives 
   forecast does not fill the tails by its volatility alone. Each date's instruments with a
   forecast, n of them; k = max(1, floor(top x n)) long and k short; a date with fewer than
   max(`eval.book_min_names`, 2k) names holds nothing. Ties keep the names' order.
+- Which runs get a book: `eval.book=cross_section` any of 2 names or more; `auto` a panel of at
+  least PANEL_NAMES (`foxhunt.config`'s, the one threshold of a panel: the same makes auto's
+  target market-neutral and is `eval.book_min_names`' default); `none` none. A run that was to
+  have a book and has none says why in `book.skipped`: too few names for auto, one instrument,
+  no date with `eval.book_min_names` names, horizons short of the bar held.
 - Weights: `equal`, 1 / (2k) each side's name (gross exposure 1, net 0); `risk`, each side's
   names in proportion to 1 / their ex-ante volatility (`strategy.ewma_variance` of the held
   bars' returns realised before the trade), each side summing to 1/2. A name without a
   volatility yet is left out of a risk-weighted side.
 - Returns: gross_d = sum_i w_{d, i} r_{d, i}, r_{d, i} the realised return of the bar held
-  (a name without it earns 0); turnover_d = sum_i |w_d - w_{d-1}|, the first from flat;
-  net = gross - cost_bps x 1e-4 x turnover (`eval.cost_bps`, the strategy's too). Sharpe is
-  annualised by the dates per year (`strategy.bars_per_year`); `net_return` is the sum of net
-  returns (not compounded).
+  (a name without it earns 0), raw (the table's `actual`) whatever target the model
+  forecast: under data.target_transform the ranking key is the forecast of the transformed
+  target, which orders the names as well, and is never taken for a return;
+  turnover_d = sum_i |w_d - w_{d-1}|, the first from flat; net = gross - cost_bps x 1e-4 x
+  turnover (`eval.cost_bps`, the strategy's too). Sharpe is annualised by the dates per year
+  (`strategy.bars_per_year`); `net_return` is the sum of net returns (not compounded).
 - Beside it: the same book on the best baseline's forecasts, and an equal-weight long book of
-  every name (the market) over the same bars, costed alike.
+  every name's raw return (the market) over the same bars, costed alike.
 - The long-short IC: at every horizon h (its decay), each date's rank correlation across the
   names of the forecast move to h with the realised one (`stats.ic`, its Newey-West t), both
   as returns for a level target (the move over the origin's level), as the book trades them;
@@ -42,7 +49,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from foxhunt.errors import DataError
+from foxhunt.config import PANEL_NAMES
+from foxhunt.errors import ConfigError, DataError
 from foxhunt.evaluation import stats
 from foxhunt.evaluation.forecasts import quantile_column, quantile_levels
 from foxhunt.evaluation.quality import baseline_table
@@ -60,7 +68,6 @@ log = logging.getLogger(__name__)
 WEIGHTS = ("equal", "risk")
 RANKS = ("forecast", "score")
 DECILES = 10
-BOOK_MIN_NAMES = 5  # eval.book=auto: a panel of at least this many instruments gets the book
 BOOK_PLOT = "book.png"
 
 
@@ -77,7 +84,7 @@ class Panel:
     @classmethod
     def of(cls, bars: Bars, rank: str = "forecast") -> Panel:
         if rank not in RANKS:
-            raise ValueError(f"book ranks must be one of {', '.join(RANKS)}, got {rank!r}")
+            raise ConfigError(f"eval.book_rank must be one of {', '.join(RANKS)}, got {rank!r}")
         dates, at = np.unique(bars.time_ns, return_inverse=True)
         names, col = np.unique(bars.instrument, return_inverse=True)
         shape = (len(dates), len(names))
@@ -107,7 +114,7 @@ def _signal(bars: Bars, rank: str) -> np.ndarray:
 def weights(panel: Panel, top: float, scheme: str, min_names: int = 2) -> np.ndarray:
     """[D, N] each date's long-short weights from its ranking key (see the module)."""
     if scheme not in WEIGHTS:
-        raise ValueError(f"book weights must be one of {', '.join(WEIGHTS)}, got {scheme!r}")
+        raise ConfigError(f"eval.book_weights must be one of {', '.join(WEIGHTS)}, got {scheme!r}")
     out = np.zeros_like(panel.forecast)
     for d, f in enumerate(panel.forecast):
         have = np.flatnonzero(np.isfinite(f))
@@ -169,7 +176,8 @@ def deciles(panel: Panel) -> list[float | None]:
 
 def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str, Any]]:
     """Each horizon's long-short rank IC by date: the forecast's median move against the
-    realised one, over the origin's level for a level target (the returns the book trades)."""
+    realised one, over the origin's level for a level target (the returns the book trades):
+    its mean, ICIR (mean over standard deviation across dates), Newey-West t and dates."""
     median = quantile_column(min(quantile_levels(table), key=lambda q: abs(q - 0.5)))
     naive = table["naive"].to_numpy().astype(np.float64)
     base = naive if target_kind == "level" else np.ones_like(naive)
@@ -182,7 +190,14 @@ def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str
         rows = horizon == h
         s = stats.ic(forecast[rows], realised[rows], origin[rows], lags=lags, rank=True)
         out.append(
-            {"horizon": int(h), "rank_ic": s["mean"], "rank_ic_t": s["t"], "mode": s["mode"]}
+            {
+                "horizon": int(h),
+                "rank_ic": s["mean"],
+                "icir": s.get("icir"),
+                "rank_ic_t": s["t"],
+                "dates": s["n"],
+                "mode": s["mode"],
+            }
         )
     return out
 
@@ -190,7 +205,21 @@ def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str
 def applies(e: Any, names: int) -> bool:
     """Whether eval.book asks for the cross-sectional book of a panel of `names` instruments."""
     choice = str(getattr(e, "book", "none"))
-    return names >= (BOOK_MIN_NAMES if choice == "auto" else 2) and choice != "none"
+    return names >= (PANEL_NAMES if choice == "auto" else 2) and choice != "none"
+
+
+def why_not(e: Any, names: int) -> str | None:
+    """Why eval.book asks for a book that `names` instruments cannot give (`applies` false);
+    None where it asks for none: eval.book=none, or auto on a single series."""
+    choice = str(getattr(e, "book", "none"))
+    if choice == "none" or (choice == "auto" and names < 2):
+        return None
+    if choice == "auto":
+        return (
+            f"eval.book=auto books a panel of at least {PANEL_NAMES} names, the test has "
+            f"{names}: eval.book=cross_section books it"
+        )
+    return f"eval.book=cross_section needs at least 2 instruments, the test has {names}"
 
 
 def judged_book(table: pa.Table, target_kind: str, e: Any) -> dict[str, Any] | None:
@@ -199,10 +228,11 @@ def judged_book(table: pa.Table, target_kind: str, e: Any) -> dict[str, Any] | N
     (one instrument, a level that is no price, horizons short of the bar held)."""
     names = len(set(table["instrument"].to_pylist()))
     if not applies(e, names):
-        if str(getattr(e, "book", "none")) != "cross_section":
+        why = why_not(e, names)
+        if why is None:
             return None
-        why = f"eval.book=cross_section needs at least 2 instruments, the test has {names}"
-        log.warning("no cross-sectional book: %s", why)
+        asked = str(getattr(e, "book", "none")) == "cross_section"  # auto: the default's reason
+        log.log(logging.WARNING if asked else logging.INFO, "no cross-sectional book: %s", why)
         return {"skipped": why}
     try:
         return book(table, target_kind, e, baseline_table(table, quantile_levels(table)))
@@ -228,6 +258,12 @@ def book(
     out = {"top": top, "weights": scheme, "rank": rank, "min_names": least}
     out |= {"execution_lag": lag, "horizon": lag + 1, "cost_bps": cost}
     out["names"] = len(panel.names)
+    most = int(np.isfinite(panel.forecast).sum(axis=1).max(initial=0))
+    if most < max(least, 2):  # every date flat: no book, rather than a Sharpe of None
+        raise DataError(
+            f"no date has eval.book_min_names={least} names with a forecast (at most {most}): "
+            "lower eval.book_min_names to book this panel"
+        )
     out["model"] = run_book(panel, weights(panel, top, scheme, least), cost)
     if baseline is not None:
         theirs = Panel.of(held_bars(baseline, target_kind, lag), rank)
@@ -235,6 +271,8 @@ def book(
     out["market"] = market(panel, cost)
     h = int(table["horizon"].to_numpy().max()) if table.num_rows else 1
     out["ic_by_horizon"] = ic_by_horizon(table, target_kind, lags=h)
+    if baseline is not None:  # the same dates, the strongest baseline's median
+        out["best_baseline_ic_by_horizon"] = ic_by_horizon(baseline, target_kind, lags=h)
     out["deciles"] = deciles(panel)
     return out
 

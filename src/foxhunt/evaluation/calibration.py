@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from foxhunt_serve import POOLED, calibrate, in_order
 
 from foxhunt.evaluation import stats
-from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, window_facts
+from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, target_column, window_facts
 
 GRID = 101  # levels at which a fit keeps the scores' quantile function, for ACI
 METHODS = ("none", "cqr", "aci")
@@ -332,7 +332,8 @@ def table_calibration(table: pa.Table, quantiles: list[float], method: str) -> d
     raw = np.stack([column(c) for c in raw_columns], axis=-1) / scale[..., None]
     delivered = np.stack([column(quantile_column(q)) for q in quantiles], -1) / scale[..., None]
     names = column("instrument")[:, 0]
-    found = compare(raw, {method: delivered}, column("actual") / scale, quantiles, names)
+    actual = column(target_column(table)) / scale  # the model's target, as the quantiles
+    found = compare(raw, {method: delivered}, actual, quantiles, names)
     after = found["methods"][method]
     return {
         "method": method,

@@ -38,7 +38,7 @@ from scipy.stats import norm, spearmanr
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.windows import WindowDataset
 from foxhunt.evaluation.baselines import fit_baselines, forecast_all
-from foxhunt.evaluation.forecasts import forecast_table
+from foxhunt.evaluation.forecasts import forecast_table, target_column
 from foxhunt.evaluation.stats import pinball_per_quantile
 from foxhunt.files import write_atomic
 
@@ -209,7 +209,9 @@ def baseline_forecasts(
 ) -> dict[str, pa.Table]:
     """The test forecast tables (as a run's test_forecasts.parquet) of baselines `names`, fit on
     the training windows as a run fits them; a skipped one (no lightgbm) is left out."""
-    predictors, _ = fit_baselines(datasets["train"], schema.target_kind, quantiles, seed)
+    predictors, _ = fit_baselines(
+        datasets["train"], schema.target_kind, quantiles, seed, datasets.get("val")
+    )
     test = datasets["test"]
     return {
         name: forecast_table(
@@ -229,7 +231,7 @@ def score(control: Control, table: pa.Table, train_end_ns: int | None = None) ->
     levels = sorted(float(c[1:]) for c in table.column_names if c.startswith("q"))
     q = np.array(levels)
     pred = np.stack([table.column(f"q{lv:g}").to_numpy() for lv in levels], axis=1)
-    actual = table.column("actual").to_numpy()
+    actual = table.column(target_column(table)).to_numpy()
     horizon = table.column("horizon").to_numpy().astype(np.int64)
     origin_ns = pc.cast(table.column("origin_time"), pa.int64()).to_numpy()
     names = table.column("instrument").to_numpy(zero_copy_only=False)

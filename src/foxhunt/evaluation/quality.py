@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from foxhunt.errors import DataError
 from foxhunt.evaluation import stats
-from foxhunt.evaluation.forecasts import quantile_column, quantile_levels
+from foxhunt.evaluation.forecasts import quantile_column, quantile_levels, target_column
 from foxhunt.evaluation.strategy import PORTFOLIO, StrategyResult, compare
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ class _Windows:
         quantiles = quantile_levels(table)
         q = np.asarray(quantiles)
         pred = np.stack([_column(table, quantile_column(x), h) for x in quantiles], axis=-1)
-        actual, naive = _column(table, "actual", h), _column(table, "naive", h)
+        # the model's target, which the quantiles forecast (the strategy trades raw `actual`)
+        actual, naive = _column(table, target_column(table), h), _column(table, "naive", h)
         names = _column(table, "instrument", h)[:, 0]
         names = np.where(names == None, "series", names).astype(str)  # noqa: E711 - numpy's null
         scale = _column(table, "target_scale", h)
@@ -223,6 +224,7 @@ def strategy_summary(
         return {"skipped": results["skipped"]}
     own = results["strategy"].summary()
     out = {"rule": rule, "cost_bps": cost_bps, "execution_lag": lag, **own["pooled"]}
+    out["hedged"] = results["strategy"].hedged  # each name against the market (a relative target)
     out |= {"hit_rate": results["strategy"].portfolio["hit_rate"]}
     out |= {"by_instrument": own["by_instrument"]}
     out["buy_and_hold"] = results["buy_and_hold"].summary()["pooled"]

@@ -47,7 +47,16 @@ def evaluate_run(
         calibration_cfg, datasets, schema, val_pred, test_pred, quantiles
     )
     calibrated["crossing_rate_model"] = model_crossing
-    judged = judge(datasets, schema, pred, quantiles, eval_cfg, seed, raw=test_pred)
+    held_out = "calibration" if "calibration" in datasets else "val"
+
+    def alike(theirs_val: np.ndarray, theirs_test: np.ndarray) -> np.ndarray:
+        """A baseline's test forecasts calibrated as the model's were."""
+        return calibrate_run(calibration_cfg, datasets, schema, theirs_val, theirs_test, quantiles)[
+            1
+        ]
+
+    calibrate = (held_out, alike) if calibration.offsets else None
+    judged = judge(datasets, schema, pred, quantiles, eval_cfg, seed, test_pred, calibrate)
     return RunEvaluation({**judged.summary, "calibration": calibrated}, calibration, judged)
 
 

@@ -96,7 +96,8 @@ def ic(
 
     - mode "cross_section", when the median timestamp has at least MIN_CROSS_SECTION rows: the
       correlation across the rows of each such timestamp (constant ones skipped), then mean,
-      Newey-West standard error over `lags` timestamps and t over those n timestamps.
+      Newey-West standard error over `lags` timestamps and t over those n timestamps, and
+      `icir`, their mean over their standard deviation (per timestamp, not annualised).
     - mode "time_series", otherwise: the correlation over all n rows (pooled as given, so
       differences in level between instruments count). It is the mean of u = z_f * z_r, the
       products of the series standardized with the population deviation, and its standard error
@@ -119,7 +120,10 @@ def ic(
         if rank:
             f, r = _ranks_within(f, at), _ranks_within(r, at)
         per_time = _cross_section_ic(f, r, at)
-        return {"mode": "cross_section"} | mean_stat(per_time[np.isfinite(per_time)], lags)
+        per_time = per_time[np.isfinite(per_time)]
+        spread = per_time.std(ddof=1) if len(per_time) > 1 else 0.0
+        icir = float(per_time.mean() / spread) if spread > 0 else None
+        return {"mode": "cross_section", "icir": icir} | mean_stat(per_time, lags)
     if rank:
         f, r = rankdata(f), rankdata(r)
     if len(f) < 2 or f.std() == 0 or r.std() == 0:

@@ -1,6 +1,5 @@
-"""A costed trading strategy on a run's horizon-1 forecasts (`forecasts.forecast_table`), per
-instrument and as an equal-risk portfolio, beside buy-and-hold and the same strategy on another
-set of forecasts (the best baseline's), all run by the same code.
+"""A costed trading strategy on a run's forecasts (`forecasts.forecast_table`), per instrument
+and as an equal-risk portfolio, beside buy-and-hold and the best baseline's, by the same code.
 
 Conventions, in one place so the report can quote them:
 
@@ -15,14 +14,20 @@ Conventions, in one place so the report can quote them:
   from the level at its start (the realised one; the forecast's own median for the forecast)
   over that level; a level that is not positive has no such return (DataError). The forecast
   quantiles become returns the same way. An instrument's rows are taken in origin-time order as
-  consecutive bars (the test windows step one bar at a time).
+  consecutive bars (the test windows step one bar at a time). `actual` is the raw target, never
+  a transformed one (`forecasts.forecast_table`): the bars' returns are raw returns.
+- A relative target (the table's `target_transform` xs_demean or xs_rank) says how a name will
+  do against the others, so the strategy trades it against the market (`hedged`): the name
+  against the equal-weighted basket of the names with a bar at its origin, earning r_i -
+  mean_t(r) of raw returns, both legs paid (turnover counts twice). The position is the
+  forecast's sign (or `scaled`), the same in any transform: a rank is never traded as a return.
 - Positions (`positions`): `sign` is one unit long or short in the direction of the median
   forecast (flat where it is exactly zero); `scaled` is the median divided by the predicted
   spread (the outermost quantiles' distance), clipped to [-1, 1]: a forecast that is confident
   relative to its own uncertainty gets a larger position, one whose move is small against its
   spread a small one. A spread of zero (a forecast certain of its median) is a full position.
-- Costs: `cost_bps` x 1e-4 per unit of turnover |p_t - p_{t-1}|, an instrument's first position
-  counted from flat; the last one is not closed (buy-and-hold pays one entry cost).
+- Costs: `cost_bps` x 1e-4 per unit of turnover |p_t - p_{t-1}| (twice for a hedged trade), the
+  first position from flat; the last one is not closed (buy-and-hold pays one entry cost).
 - The equity curve is the running sum of the net per-bar returns, not compounded: the log
   wealth of buy-and-hold on a log-return target, a fixed notional otherwise. `net_return` is its
   last value, `max_drawdown` its largest fall from its running peak (the start, 0, included), a
@@ -48,7 +53,7 @@ Conventions, in one place so the report can quote them:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from foxhunt.errors import ConfigError, DataError
-from foxhunt.evaluation.forecasts import quantile_column, quantile_levels
+from foxhunt.evaluation.forecasts import quantile_column, quantile_levels, transform_of
 from foxhunt.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,8 @@ class Bars:
     forecast: np.ndarray  # [n, Q] forecast returns over the next bar, at `quantiles`
     quantiles: np.ndarray  # [Q] ascending
     returns: np.ndarray  # [n] the realised returns over the next bar
+    # the data.target_transform the forecasts are in: not none, the strategy is `hedged`
+    transform: str = "none"
 
     def __post_init__(self) -> None:
         self.instrument = np.asarray(self.instrument).astype(str)
@@ -162,7 +169,16 @@ def held_bars(table: pa.Table, target_kind: str, lag: int = 0) -> Bars:
         forecast=forecast,
         quantiles=quantiles,
         returns=actual,
+        transform=transform_of(table),
     )
+
+
+def hedged(bars: Bars) -> Bars:
+    """`bars` with each return less the equal-weighted mean return of the names with a bar at
+    its origin time: a name traded against the market (see module)."""
+    _, at = np.unique(bars.time_ns, return_inverse=True)
+    market = np.bincount(at, bars.returns) / np.bincount(at)
+    return replace(bars, returns=bars.returns - market[at])
 
 
 def horizon_one(table: pa.Table, target_kind: str) -> Bars:
@@ -272,6 +288,7 @@ class StrategyResult:
     ledger: dict[str, np.ndarray] = field(repr=False)
     # the portfolio's (origin times ns, net return of that bar): a tuning study's DSR and PBO
     portfolio_returns: tuple[np.ndarray, np.ndarray] = field(repr=False)
+    hedged: bool = False  # each name traded against the market, both legs costed (`hedged`)
 
     def to_dict(self) -> dict[str, Any]:
         """Every statistic, JSON-ready: {portfolio: stats, per_instrument: {name: stats}}."""
@@ -317,14 +334,19 @@ def _stats(
 
 
 def run_positions(
-    bars: Bars, position: np.ndarray, cost_bps: float, bars_per_year: float | None = None
+    bars: Bars,
+    position: np.ndarray,
+    cost_bps: float,
+    bars_per_year: float | None = None,
+    legs: int = 1,
 ) -> StrategyResult:
     """Hold `position` [n] (a row of `bars` each) for one bar, pay `cost_bps` per unit of
-    turnover: the statistics per instrument and of the equal-risk portfolio (see module)."""
+    turnover of each of its `legs` (2: a name and its hedge, which trades as much): the
+    statistics per instrument and of the equal-risk portfolio (see module)."""
     position = np.asarray(position, dtype=np.float64)
     previous = np.r_[0.0, position[:-1]]
     previous[bars.first] = 0.0  # an instrument's first position is bought from flat
-    turnover = np.abs(position - previous)
+    turnover = legs * np.abs(position - previous)
     gross = position * bars.returns
     cost = cost_bps * 1e-4 * turnover
     net = gross - cost
@@ -368,7 +390,8 @@ def run_positions(
         "net": net,
         "weight": weight,
     }
-    return StrategyResult(per_instrument, portfolio, curves, ledger, (times, portfolio_net))
+    returns = (times, portfolio_net)
+    return StrategyResult(per_instrument, portfolio, curves, ledger, returns, legs > 1)
 
 
 def _bars(forecasts: pa.Table | Bars, target_kind: str | None, lag: int) -> Bars:
@@ -389,10 +412,12 @@ def backtest_strategy(
 ) -> StrategyResult:
     """The strategy `rule` (`sign` or `scaled`) on a forecast table's bars held `lag` bars
     after the forecast (its `target_kind` needed) or on Bars, costed at `cost_bps` per unit of
-    turnover."""
+    turnover; on forecasts of a relative target, each name against the market (`hedged`)."""
     bars = _bars(forecasts, target_kind, lag)
     position = positions(bars.median(), bars.forecast[:, 0], bars.forecast[:, -1], rule)
-    return run_positions(bars, position, cost_bps, bars_per_year)
+    if bars.transform == "none":
+        return run_positions(bars, position, cost_bps, bars_per_year)
+    return run_positions(hedged(bars), position, cost_bps, bars_per_year, legs=2)
 
 
 def buy_and_hold(
@@ -402,7 +427,8 @@ def buy_and_hold(
     bars_per_year: float | None = None,
     lag: int = 0,
 ) -> StrategyResult:
-    """One unit long in every instrument throughout (one entry cost each), on the same bars."""
+    """One unit long in every instrument throughout (one entry cost each), on the same bars'
+    raw returns, whatever the forecasts' target."""
     bars = _bars(forecasts, target_kind, lag)
     return run_positions(bars, np.ones(len(bars.returns)), cost_bps, bars_per_year)
 
