@@ -333,6 +333,38 @@ def test_a_panel_with_a_book_leads_with_it_and_the_strategy_says_its_lag():
     )
 
 
+def test_a_panel_leads_with_rank_ic_by_date_beside_the_strongest_baseline_s():
+    # what no target transform moves first, the model's beside the baseline's on the same
+    # dates; the pinball skill after, labelled with the target it was measured on
+    summary = panel_summary(30)
+    summary["target"] = {"transform": "xs_demean"}
+    summary["metrics"] |= {"calibrated_skill": -0.004}
+    sharpe = {"sharpe": 1.44}
+    summary["book"] = {"top": 0.2, "rank": "forecast", "cost_bps": 10.0, "execution_lag": 1}
+    summary["book"] |= {"horizon": 2, "model": sharpe, "best_baseline": sharpe, "market": sharpe}
+
+    def ic(h, mean, icir, t):
+        return {"horizon": h, "rank_ic": mean, "icir": icir, "rank_ic_t": t, "dates": 414}
+
+    summary["book"]["ic_by_horizon"] = [
+        ic(1, 0.215, 2.17, 9.1),
+        ic(2, 0.1, 1.0, 4.0),
+        ic(3, 0, 0, 0),
+    ]
+    summary["book"]["best_baseline_ic_by_horizon"] = [ic(1, 0.247, 3.03, 12.2)]
+    printed = console_summary(summary)
+    assert printed[:2] == [
+        "rank IC by date (raw returns), horizon 1: model +0.215 (ICIR 2.17, t 9.1), best "
+        "baseline +0.247 (ICIR 3.03, t 12.2), over 414 dates",
+        "rank IC by date (raw returns), horizon 2: model +0.100 (ICIR 1.00, t 4.0), best "
+        "baseline n/a, over 414 dates",
+    ]
+    assert printed[2].startswith("cross-sectional book (top 20%")
+    (loss,) = [line for line in printed if line.startswith("test loss")]
+    assert "(quantile loss on the xs_demean target, normalized)" in loss
+    assert ", -0.4% both calibrated alike against lightgbm" in loss
+
+
 def test_a_panels_report_leads_with_its_ic_and_lists_its_splits_not_its_instruments(
     trained, tmp_path
 ):

@@ -225,11 +225,15 @@ def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_pa
     assert scored["zero"] == pytest.approx(m["baseline_test_loss"], rel=1e-6)
     best = min(scored, key=scored.__getitem__)
     assert m["best_baseline"] == best
-    # the skill of the forecasts delivered: calibrated (summary.json's calibration.after)
-    delivered = m["calibrated_test_loss"]
+    # like for like: the skill of the model's own (summary.json's calibration.before) against
+    # the baselines' own; the delivered (calibration.after) against the strongest calibrated
+    own, delivered = m["raw_test_loss"], m["calibrated_test_loss"]
     # (a level's forecasts carry its price: dividing them by its scale rounds at ~1e-9)
     assert delivered == pytest.approx(summary["calibration"]["after"]["pinball"], rel=1e-8)
-    assert m["skill"] == pytest.approx(1 - delivered / scored[best])
+    assert own == pytest.approx(summary["calibration"]["before"]["pinball"], rel=1e-5)
+    assert m["skill"] == pytest.approx(1 - own / scored[best])
+    theirs = m["calibrated_baseline_test_loss"]
+    assert m["calibrated_skill"] == pytest.approx(1 - delivered / theirs)
     assert 0 < m["test_up_share"] < 1
     # the one forecast pass reproduces the test step's loss before calibration; per
     # instrument, its rows are test_forecasts.parquet's
@@ -238,7 +242,7 @@ def test_a_run_records_every_baseline_and_the_skill_against_the_strongest(tmp_pa
     assert set(per) == {"AAA", "BBB"}
     windows = sum(p["windows"] for p in per.values())
     pooled = sum(p["test_loss"] * p["windows"] for p in per.values()) / windows
-    assert pooled == pytest.approx(delivered, rel=1e-5)
+    assert pooled == pytest.approx(own, rel=1e-5)
     for name, p in per.items():
         rivals = {n: found[n]["test_by_instrument"][name]["test_loss"] for n in scored}
         assert p["skill"] == pytest.approx(1 - p["test_loss"] / min(rivals.values()))

@@ -20,7 +20,9 @@ def pooled(
     `folds` (their summaries' figures), in all and per instrument."""
     metrics = pooled_metrics(oos, quantiles)
     baselines = pooled_baselines(folds)
-    metrics |= _skill(metrics.get("calibrated_test_loss"), baselines)
+    # like for like (foxhunt.evaluation.judge): the model's own against the baselines' own
+    metrics |= _skill(metrics.get("test_loss"), baselines)
+    metrics |= _calibrated_skill(metrics.get("calibrated_test_loss"), folds)
     metrics |= _by_instrument(oos, folds, quantiles, baselines)
     return metrics, baselines
 
@@ -29,8 +31,9 @@ def pooled_metrics(table: pa.Table, quantiles: list[float]) -> dict[str, float]:
     """The test metrics over out-of-sample rows (`OutOfSampleForecasts`' columns), all folds
     together: test_loss is the pinball loss of the model's own forecasts (raw_q columns, before
     calibration) normalized by each fold's target scale, as a run's test_loss;
-    calibrated_test_loss that of the forecasts delivered (the q columns), which the skill
-    compares; the rest are in the target's own units or shares."""
+    calibrated_test_loss that of the forecasts delivered (the q columns); the skill compares
+    test_loss with the baselines' own, like for like; the rest are in the target's own units
+    or shares."""
     if table.num_rows == 0:  # no fold finished
         return {}
     q = np.asarray(quantiles)
@@ -77,7 +80,7 @@ def _by_instrument(
     for name in names:
         own = pooled_metrics(oos.filter(pc.equal(oos["instrument"], name)), quantiles)
         rivals = pooled_baselines(folds, name)
-        own |= _skill(own["calibrated_test_loss"], rivals)
+        own |= _skill(own["test_loss"], rivals)
         own["windows"] = sum(
             f["metrics"].get("by_instrument", {}).get(name, {}).get("windows", 0) for f in folds
         )
@@ -85,6 +88,16 @@ def _by_instrument(
         for rival, found in rivals.items():
             baselines[rival].setdefault("test_by_instrument", {})[name] = found
     return {"by_instrument": by_instrument}
+
+
+def _calibrated_skill(calibrated: float | None, folds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The delivered forecasts against each fold's strongest baseline calibrated alike (its
+    calibrated_baseline_test_loss, weighted by the fold's rows), where every fold has one."""
+    losses = [f["metrics"].get("calibrated_baseline_test_loss") for f in folds]
+    if calibrated is None or not folds or None in losses:
+        return {}
+    theirs = float(np.average(losses, weights=[f["test_rows"] for f in folds]))
+    return {"calibrated_skill": 1 - calibrated / theirs if theirs > 0 else None}
 
 
 def _skill(test_loss: float | None, baselines: dict[str, dict]) -> dict[str, Any]:

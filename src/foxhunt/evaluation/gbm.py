@@ -5,17 +5,18 @@ from a window and, on a panel, each feature's rank among the names at its date.
 The recipe:
 
 - Features of a window (`window_features`): the encoder's last row (every input the TFT
-  sees), the target's moves summed over the last 1, 2, 3, 5, 10, 20 and 60 bars (returns, or a
-  level's differences), their standard deviation over 5, 20 and 60 bars and the EWMA one, the
-  last value over its moving average at 5, 20 and 60 (from the moves' running sum), and the
-  statics. Windows too short for a span leave it out. On a panel, each of them also as its rank
-  among the windows of its origin date (`foxhunt_serve.cross_section.by_date`, scaled to unit
-  variance); off a panel, the instrument as a categorical feature (on a panel it would learn
-  each name's mean, which a quant leaves out). One row per window: its features and the known
-  inputs of the step forecast.
-- Label: the target's move from the naive reference (normalized units, what every baseline
-  forecasts); on a panel, z-scored across the names of each date and step, as a quant's label
-  is, so a market day's move does not drown the ranking.
+  sees), the target's moves in the data's units (each name's scale put back: a quant's raw
+  returns, not returns over each name's volatility) summed over the last 1, 2, 3, 5, 10, 20 and
+  60 bars (returns, or a level's differences), their standard deviation over 5, 20 and 60 bars
+  and the EWMA one, the last value over its moving average at 5, 20 and 60 (from the moves'
+  running sum), and the statics. Windows too short for a span leave it out. On a panel, each of
+  them also as its rank among the windows of its origin date
+  (`foxhunt_serve.cross_section.by_date`, scaled to unit variance); off a panel, the instrument
+  as a categorical feature (on a panel it would learn each name's mean, which a quant leaves
+  out). One row per window: its features and the known inputs of the step forecast.
+- Label: the target's move from the naive reference in the data's units; on a panel, z-scored
+  across the names of each date, as a quant's label is, so a market day's move does not drown
+  the ranking.
 - Fit: a model per horizon step (as a quant fits one per horizon; pooled over the steps with
   the step an input, it ranked worse on drift250, rank IC 0.294 against 0.310 by hand), L2
   boosting at learning rate LEARNING_RATE, up to MAX_ROUNDS rounds, stopped when the
@@ -23,7 +24,8 @@ The recipe:
   least rows a leaf holds grow with the rows (`tree_params`). No validation windows: a fixed
   NO_VALIDATION_ROUNDS.
 - Forecast: the centre, the point forecast mapped onto the move (a line per step, fit by least
-  squares on the validation windows: the z-scored label's units back to the target's), plus
+  squares on the validation windows: the z-scored label's units back to the data's, then over
+  each name's scale: the normalized units every baseline forecasts in), plus
   each window's EWMA volatility times a LightGBM quantile model per level of the standardized
   residual (move - centre) / volatility, on the same rows (at most SPREAD_ROWS of them; the
   time of day among the known inputs moves an intraday spread), early-stopped alike, less the
@@ -82,6 +84,7 @@ class Design:
     sigma: np.ndarray  # [n] EWMA volatility of the encoder's moves
     group: np.ndarray  # [n]
     date: np.ndarray  # [n] dense origin-date indices
+    scale: np.ndarray  # [n] the instrument's target scale: a move x it is in the data's units
 
     def rows(self, panel: bool, step: int | np.ndarray, windows: Any = slice(None)) -> np.ndarray:
         """[windows, features]: the windows' features, the known inputs of `step` (one, or one
@@ -92,10 +95,15 @@ class Design:
             parts.append(self.group[w].astype(np.float32)[:, None])
         return np.concatenate(parts, axis=1)
 
+    def raw(self, step: int) -> np.ndarray:
+        """[n] the move at `step` in the data's units (a return, not a return over its name's
+        volatility: what the book and the rank IC by date are judged on)."""
+        return self.move[:, step] * self.scale
+
     def label(self, panel: bool, step: int) -> np.ndarray:
-        """[n]: the move at `step`, z-scored across each date's names on a panel."""
-        move = self.move[:, step]
-        return by_date(move, self.date, "zscore") if panel else move
+        """[n]: the move at `step` in the data's units, z-scored across each date's names on a
+        panel."""
+        return by_date(self.raw(step), self.date, "zscore") if panel else self.raw(step)
 
 
 def window_features(history: np.ndarray, last_step: np.ndarray, static: np.ndarray) -> np.ndarray:
@@ -114,9 +122,11 @@ def design(ds: WindowDataset, indices: np.ndarray, target_kind: str, panel: bool
     """The design of `ds`'s windows `indices` (in order), gathered CHUNK at a time."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("window", "known", "move", "s", "g")}
     origin = []
+    scale = ds.series.scale
     for chunk in np.array_split(indices, max(1, -(-len(indices) // CHUNK))):
         w = gather(ds, chunk, target_kind)
-        parts["window"].append(window_features(w.history, w.last_step, w.static))
+        raw = w.history * scale[w.group][:, None]  # the moves in the data's units
+        parts["window"].append(window_features(raw, w.last_step, w.static))
         parts["known"].append(w.known.astype(np.float32))
         parts["move"].append(w.move)
         parts["s"].append(ewma_volatility(w.history))
@@ -136,6 +146,7 @@ def design(ds: WindowDataset, indices: np.ndarray, target_kind: str, panel: bool
         np.concatenate(parts["s"]),
         np.concatenate(parts["g"]),
         date,
+        scale[np.concatenate(parts["g"])].astype(np.float64),
     )
 
 
@@ -236,12 +247,15 @@ class Booster:
         return len(self.centres)
 
     def centre(self, d: Design) -> np.ndarray:
-        """[n, H] the point forecast of the move."""
-        return np.column_stack(
-            [
-                m.predict(d.rows(self.panel, s), num_iteration=r) * a + b
-                for s, (m, r, (a, b)) in enumerate(self.centres)
-            ]
+        """[n, H] the point forecast of the move (normalized: the data's units over the scale)."""
+        return (
+            np.column_stack(
+                [
+                    m.predict(d.rows(self.panel, s), num_iteration=r) * a + b
+                    for s, (m, r, (a, b)) in enumerate(self.centres)
+                ]
+            )
+            / d.scale[:, None]
         )
 
     def standardized(self, d: Design) -> np.ndarray:
@@ -270,7 +284,7 @@ def fit_centres(
     d: Design, v: Design | None, panel: bool, params: dict, categorical: list[int]
 ) -> list[tuple[Any, int, tuple[float, float]]]:
     """A model per step, as a quant fits one per horizon, early-stopped on its own step's
-    validation windows; and the line from its label's units back to the move's (fit on the
+    validation windows; and the line from its label's units back to the data's (fit on the
     validation windows, out of sample)."""
     out = []
     for step in range(d.move.shape[1]):
@@ -279,7 +293,7 @@ def fit_centres(
         booster, rounds = _boost(params, *fit_on, valid, categorical, MAX_ROUNDS, PATIENCE)
         on = v if v is not None else d
         p = booster.predict(on.rows(panel, step), num_iteration=rounds)
-        out.append((booster, rounds, _line(p, on.move[:, step])))
+        out.append((booster, rounds, _line(p, on.raw(step))))
     return out
 
 
