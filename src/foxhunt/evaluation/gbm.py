@@ -274,9 +274,10 @@ class Booster:
         z = np.stack([m.predict(rows, num_iteration=r) for m, r in self.spreads], axis=-1)
         sigma = np.maximum(d.sigma, self.floor)[:, None, None]
         z = z.reshape(len(d.move), self.steps, -1)
-        # the median is the centre: the levels keep their distance from the median level's
-        # model, which would otherwise move the ranking by its own fitting noise
-        z = z - z[..., [self.median]]
+        if self.panel:  # the median is the centre, which alone ranks the names (the median
+            # level's model would move the ranking by its own fitting noise); off a panel the
+            # median level's own model places it (the sample's pinball loss 0.2030 -> 0.2024)
+            z = z - z[..., [self.median]]
         return np.sort(self.centre(d)[..., None] + sigma * z, axis=-1)
 
 
