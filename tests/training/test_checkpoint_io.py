@@ -177,8 +177,11 @@ def test_checkpoints_of_foxhunt_0_1_0_still_load_and_forecast_the_same(tmp_path)
     for model, expected in (("fp32.ckpt", "fp32"), ("model_int8.pt", "int8")):
         got = foxhunt.load(LEGACY / model, data, device="cpu").predict(all_windows=True)
         want = pq.read_table(LEGACY / f"{expected}_predictions.parquet")
-        # later versions add columns (target_time_continued); the old ones stay as they were
-        assert [c for c in got.column_names if c != "target_time_continued"] == want.column_names
+        # later versions add columns (target_time_continued, target_transform); the old ones
+        # stay as they were
+        added = ("target_time_continued", "target_transform")
+        assert [c for c in got.column_names if c not in added] == want.column_names
+        assert set(got["target_transform"].to_pylist()) == {"none"}  # a model of one target
         for c in ("q0.1", "q0.5", "q0.9"):
             # float32 rounding of today's kernels (the C kernels sum in another order): 1e-5 of
             # the largest forecast (seen: 1.3e-6 where it is 0.6); a misloaded weight is 1e-2

@@ -239,6 +239,7 @@ def group_names(dataset: pads.Dataset, column: str | None) -> list[str]:
     for fragment in dataset.get_fragments():
         names = read_file(dataset, fragment, [column]).column(0)
         seen.update(pc.unique(as_text(names, column)).to_pylist())
+    seen.discard(None)  # a missing name: the read says so in one line (this only counts them)
     return sorted(seen)
 
 
