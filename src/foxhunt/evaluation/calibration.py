@@ -261,6 +261,12 @@ def verdict(before: dict[str, Any], after: dict[str, Any]) -> str:
     return "mixed"
 
 
+def calibration_set(datasets: dict[str, Any]) -> str:
+    """The dataset a calibration is fit on: data.calibration_share's windows, held out of
+    validation (not chosen on), else the validation windows themselves."""
+    return "calibration" if "calibration" in datasets else "val"
+
+
 def calibrate_run(
     settings: Any,
     datasets: dict[str, Any],
@@ -274,9 +280,9 @@ def calibrate_run(
     applied to the test windows' `test_pred` (ACI walking them in time order). Returns the
     calibration, the test forecasts it delivers and summary.json's `calibration` (each method's
     figures beside the model's own, whichever `settings.method` chose)."""
-    held_out = "calibration" in datasets  # data.calibration_share: not chosen on
-    fitted_on = "calibration" if held_out else "validation"
-    val = window_facts(datasets["calibration" if held_out else "val"], schema)
+    held_out = calibration_set(datasets)
+    fitted_on = "calibration" if held_out == "calibration" else "validation"
+    val = window_facts(datasets[held_out], schema)
     test = window_facts(datasets["test"], schema)
     cal = fit(
         val_pred,

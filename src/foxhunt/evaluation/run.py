@@ -14,7 +14,7 @@ import pyarrow as pa
 from foxhunt.data.schema import DataSchema
 from foxhunt.data.windows import WindowDataset
 from foxhunt.errors import DataError
-from foxhunt.evaluation.calibration import Calibration, calibrate_run
+from foxhunt.evaluation.calibration import Calibration, calibrate_run, calibration_set
 from foxhunt.evaluation.forecasts import forecast_table, window_facts
 from foxhunt.evaluation.judge import Judged, judge
 from foxhunt.evaluation.stats import pinball_per_quantile
@@ -47,7 +47,6 @@ def evaluate_run(
         calibration_cfg, datasets, schema, val_pred, test_pred, quantiles
     )
     calibrated["crossing_rate_model"] = model_crossing
-    held_out = "calibration" if "calibration" in datasets else "val"
 
     def alike(theirs_val: np.ndarray, theirs_test: np.ndarray) -> np.ndarray:
         """A baseline's test forecasts calibrated as the model's were."""
@@ -55,7 +54,7 @@ def evaluate_run(
             1
         ]
 
-    calibrate = (held_out, alike) if calibration.offsets else None
+    calibrate = (calibration_set(datasets), alike) if calibration.offsets else None
     judged = judge(datasets, schema, pred, quantiles, eval_cfg, seed, test_pred, calibrate)
     return RunEvaluation({**judged.summary, "calibration": calibrated}, calibration, judged)
 
