@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from foxhunt_serve import by_date
 from hydra import compose, initialize_config_dir
 
-from benchmarks.panel_study import DATASETS
+from benchmarks.panel_study import DATASETS, commit
 from foxhunt.conf import CONF_DIR
 from foxhunt.config import register_configs
 from foxhunt.data.datamodule import ParquetDataModule
@@ -336,6 +336,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "cpus": usable_cpus(),
         "load_before": round(load, 2),
+        "commit": commit(),
     }
     print(
         f"{'data':<11} {'seed':>4} {'forecaster':<8} {'h1 rank IC (ICIR, t)':<24} "

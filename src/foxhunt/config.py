@@ -56,7 +56,8 @@ Metric = StrEnum("Metric", [*_METRICS, "baseline_test_loss"])
 
 @dataclass
 class OhlcvConfig:
-    """Raw bar column names and the derived feature families (see `foxhunt.data.features`)."""
+    """Raw bar column names and the derived feature families (see `foxhunt.data.features`; the
+    gap, the open's one view, lifted drift250's LightGBM rank IC, #67)."""
 
     open: str = "open"
     high: str = "high"
@@ -69,9 +70,9 @@ class OhlcvConfig:
     range_windows: list[int] = field(default_factory=lambda: [1, 12])
     location_windows: list[int] = field(default_factory=lambda: [1, 12])
     momentum_windows: list[int] = field(default_factory=list)
+    gap_windows: list[int] = field(default_factory=lambda: [1])
     calendar: bool = True
-    # time-of-day and cash-session encodings: auto (off for daily bars, from the data's median
-    # bar step), true or false
+    # time-of-day and cash-session encodings: auto (off for daily bars), true or false
     intraday: Any = "auto"
     # Total number of derived features; families are extended on a grid to reach it (225 = seed).
     num_features: int | None = None
@@ -174,8 +175,7 @@ class DataConfig:
     cross_section: CrossSection = CrossSection.none
     target_transform: TargetTransform = TargetTransform.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
-    # columns of the file as observed inputs beside `features` (your signals next to the
-    # derived ohlcv set)
+    # columns of the file as observed inputs beside `features` (your signals, say)
     extra_features: list[str] = field(default_factory=list)
     known_features: list[str] = field(default_factory=list)
     static_features: list[str] = field(default_factory=list)

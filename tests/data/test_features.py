@@ -14,6 +14,7 @@ from foxhunt_serve.features import calendar
 from omegaconf import OmegaConf
 
 from foxhunt.config import DataConfig
+from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import (
     KNOWN_CALENDAR,
     OhlcvSpec,
@@ -111,7 +112,34 @@ def test_momentum_definition():
     np.testing.assert_allclose(d.observed["mom_16"][row], expected, rtol=1e-4)
 
 
-@pytest.mark.parametrize("spec", [OhlcvSpec(), OhlcvSpec(num_features=225)])
+def test_gap_definition():
+    """gap_w: the overnight returns log(o_s / c_{s-1}) summed over the window, NaN until the
+    window holds bars with a close before them."""
+    t, o, h, lo, c, v = _bars(200, seed=5)
+    d = derive_features(t, o, h, lo, c, v, OhlcvSpec(gap_windows=[1, 5]))
+    row = 120
+    np.testing.assert_allclose(d.observed["gap_1"][row], np.log(o[row] / c[row - 1]), rtol=1e-5)
+    five = np.log(o[row - 4 : row + 1] / c[row - 5 : row]).sum()
+    np.testing.assert_allclose(d.observed["gap_5"][row], five, rtol=1e-5)
+    assert np.isnan(d.observed["gap_5"][4]) and np.isfinite(d.observed["gap_5"][5])
+
+
+def test_the_gap_is_a_default_of_the_config_but_not_of_an_old_checkpoint():
+    """A run gets gap_1 from the config; a checkpoint's config from before the family (no
+    gap_windows key) derives the inputs it was trained on, without it."""
+    cfg = OmegaConf.structured(DataConfig)
+    cfg.features = "ohlcv"
+    assert "gap_1" in feature_names(ohlcv_spec_of(cfg))[0]
+    old = OmegaConf.to_container(cfg)
+    del old["ohlcv"]["gap_windows"]
+    assert not any(
+        n.startswith("gap") for n in feature_names(ohlcv_spec_of(OmegaConf.create(old)))[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", [OhlcvSpec(), OhlcvSpec(gap_windows=[1, 3]), OhlcvSpec(num_features=225)]
+)
 def test_causal(spec):
     n, k = 900, 600
     bars = _bars(n, seed=1)
@@ -122,6 +150,7 @@ def test_causal(spec):
     h[k:] = np.maximum(h[k:], c[k:]) * 1.01
     lo[k:] = np.minimum(lo[k:], c[k:]) * 0.99
     v[k:] = v[k:] * 7 + 3
+    o[k:] *= 1.003
     t[k:] += 17 * NS_MIN
     changed = derive_features(t, o, h, lo, c, v, spec)
     for name, a in _all(base).items():

@@ -6,8 +6,9 @@ Everything works on ONE instrument's time-ordered arrays and is **causal**: the 
 and a doubling table (rolling max/min), so a few hundred features over tens of thousands of
 rows take milliseconds. Every value is rounded to float32.
 
-Notation: ``c_t`` close, ``h_t`` high, ``l_t`` low, ``v_t`` volume, ``r_t = log(c_t / c_{t-1})``
-the 1-bar log return, ``x_t = log1p(max(v_t, 0))``. A window ``w`` covers rows ``t-w+1 .. t``.
+Notation: ``o_t`` open, ``c_t`` close, ``h_t`` high, ``l_t`` low, ``v_t`` volume,
+``r_t = log(c_t / c_{t-1})`` the 1-bar log return, ``x_t = log1p(max(v_t, 0))``. A window
+``w`` covers rows ``t-w+1 .. t``.
 
 Target (family ``log_return``)
     ``r_t`` (NaN at ``t = 0``). The model sees it as target history, not as an observed input.
@@ -21,6 +22,9 @@ Observed families (a feature is named ``<family>_<w>``)
     ``range``   ``log(max h / min l)`` over the window; NaN for ``t < w - 1``.
     ``clv``     close location ``(c_t - min l) / (max h - min l)`` over the window, clipped to
                 ``[0, 1]``; 0.5 where the range is 0; NaN for ``t < w - 1``.
+    ``gap``     the overnight return ``sum log(o_s / c_{s-1})`` over the window: the move between
+                one bar's close and the next one's open, which no other family sees (the open is
+                in none of them); NaN for ``t < w``.
     ``mom``     normalized momentum ``sum(r) / (sqrt(w) * rvol_w)``, ``r_0`` taken as 0: the mean
                 return in units of its standard error; 0 where ``sqrt(w) * rvol_w <= 1e-12``;
                 NaN for ``t < w``.
@@ -48,14 +52,14 @@ import numpy as np
 from foxhunt_serve.clock import DAY_NS, Clock
 from foxhunt_serve.errors import DataError, InputError
 
-FAMILIES = ("logret", "rvol", "volz", "range", "clv", "mom")  # the observed ones, in order
+FAMILIES = ("logret", "rvol", "volz", "range", "clv", "mom", "gap")  # the observed ones, in order
 CALENDAR = ("tod_sin", "tod_cos", "dow_sin", "dow_cos", "to_cash_close")
 CASH_CLOSE_MIN = 20 * 60  # 20:00: the close in UTC (data.calendar.close's default there)
 
 
 def warmup(family: str, w: int) -> int:
     """The leading rows of a feature that are NaN."""
-    return w if family in ("logret", "rvol", "mom") else w - 1
+    return w if family in ("logret", "rvol", "mom", "gap") else w - 1
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -109,12 +113,18 @@ class Ohlcv:
     """The features of one instrument's bars, by family and window (float32)."""
 
     def __init__(
-        self, high: np.ndarray, low: np.ndarray, close: np.ndarray, volume: np.ndarray
+        self,
+        high: np.ndarray,
+        low: np.ndarray,
+        close: np.ndarray,
+        volume: np.ndarray,
+        open: np.ndarray | None = None,  # only the gap family needs it
     ) -> None:
-        for name, a in (("high", high), ("low", low), ("close", close)):
-            if len(a) and not (np.isfinite(a).all() and (a > 0).all()):
+        prices = (("high", high), ("low", low), ("close", close), ("open", open))
+        for name, a in prices:
+            if a is not None and len(a) and not (np.isfinite(a).all() and (a > 0).all()):
                 raise DataError(f"{name} prices must be finite and positive")
-        self.close, self.volume = close, volume
+        self.close, self.volume, self.open = close, volume, open
         self.logc = np.log(close)
         self.ret = np.full(len(close), np.nan)
         self.ret[1:] = np.diff(self.logc)
@@ -151,6 +161,8 @@ class Ohlcv:
                 val[np.isnan(vol)] = np.nan
             elif family == "volz":
                 val = self._volz(w)
+            elif family == "gap":
+                val = self._gap(w)
             elif family in ("range", "clv"):
                 mx, mn = self.high_max(w), self.low_min(w)
                 if family == "range":
@@ -163,6 +175,15 @@ class Ohlcv:
             else:
                 raise InputError(f"no feature family {family} in foxhunt_serve.features")
         return val.astype(np.float32)
+
+    def _gap(self, w: int) -> np.ndarray:
+        if self.open is None:
+            raise InputError("the gap features need the bars' open prices")
+        gap = np.zeros(len(self.close))
+        gap[1:] = np.log(self.open[1:]) - self.logc[:-1]
+        val = _window_sum(_prefix(gap), w)
+        val[:w] = np.nan  # its first window would hold the first bar's, which has no close before
+        return val
 
     def _volz(self, w: int) -> np.ndarray:
         x = np.log1p(np.maximum(self.volume, 0.0))

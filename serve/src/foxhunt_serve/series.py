@@ -155,7 +155,10 @@ def _inputs(
     ohlcv, bars = meta["data"]["ohlcv"], None
     clock = Clock.of(meta["data"].get("calendar"))
     if ohlcv is not None:
-        bars = Ohlcv(*(cols[ohlcv[p]] for p in ("high", "low", "close", "volume")))
+        bars = Ohlcv(
+            *(cols[ohlcv[p]] for p in ("high", "low", "close", "volume")),
+            cols.get(ohlcv.get("open")),
+        )
     made = {}
     for feature, spec in meta["features"].items():
         if spec["role"] == "static" or spec["source"] == "cross_section":  # (`across`)

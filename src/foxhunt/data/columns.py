@@ -131,8 +131,9 @@ def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
     """The feature families to derive from raw bars; None unless data.features=ohlcv."""
     if cfg.features != "ohlcv":
         return None
-    options = {f.name for f in dataclasses.fields(OhlcvSpec)} - {"intraday"}
-    spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k) for k in options})
+    fields = {f.name: f.default for f in dataclasses.fields(OhlcvSpec) if f.name != "intraday"}
+    # a checkpoint's config from before a family lacks its key: the spec's default (none)
+    spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k, d) for k, d in fields.items()})
     # unresolved (no data seen: `footer_schema` for the memory estimator): as intraday bars
     intraday = getattr(cfg.ohlcv, "intraday", "auto")
     return dataclasses.replace(spec, intraday=intraday in (True, "auto", "true"))

@@ -11,9 +11,9 @@ Extension to ``num_features``
     With ``OhlcvSpec.num_features = N`` the observed list is the base list (the spec's
     families, in the order above) followed by extension features, cut to ``N - known`` names.
     Extension features come round-robin over the families ``logret, rvol, volz, range, clv,
-    mom``: each turn a family takes the smallest window of the grid ``G`` it does not have yet
-    (and that is at least its minimum: 2 for ``logret``, ``rvol``, ``mom``; 4 for ``volz``; 1
-    for ``range`` and ``clv``); a family whose grid is used up drops out.
+    mom`` (never ``gap``): each turn a family takes the smallest window of the grid ``G`` it
+    does not have yet (and that is at least its minimum: 2 for ``logret``, ``rvol``, ``mom``;
+    4 for ``volz``; 1 for ``range`` and ``clv``); a family whose grid is used up drops out.
     ``G = {1} U unique(round(2 ** (i / 6))) for i = 6 .. 54`` (geometric, ratio 2^(1/6), from 2
     to 512): windows are never longer than 512 bars. ``N`` below the known count, or above
     what the grid allows (about 260), is a :class:`~foxhunt.errors.ConfigError`.
@@ -76,8 +76,10 @@ _SPEC_FIELD = {
     "range": "range_windows",
     "clv": "location_windows",
     "mom": "momentum_windows",
+    "gap": "gap_windows",
 }
-_MIN_WINDOW = {"logret": 1, "rvol": 1, "volz": 2, "range": 1, "clv": 1, "mom": 1}
+_MIN_WINDOW = {"logret": 1, "rvol": 1, "volz": 2, "range": 1, "clv": 1, "mom": 1, "gap": 1}
+# the families the extension grows (the gap's multi-bar sums would add little but noise)
 _MIN_EXTENSION = {"logret": 2, "rvol": 2, "volz": 4, "range": 1, "clv": 1, "mom": 2}
 
 
@@ -111,6 +113,9 @@ class OhlcvSpec:
     range_windows: tuple[int, ...] = (1, 12)
     location_windows: tuple[int, ...] = (1, 12)
     momentum_windows: tuple[int, ...] = ()
+    # none by default here: a checkpoint from before the family derives what it was trained on
+    # (the config's default is [1])
+    gap_windows: tuple[int, ...] = ()
     calendar: bool = True
     # the time-of-day and cash-session encodings (INTRADAY_CALENDAR): a daily bar has none
     intraday: bool = True
@@ -159,14 +164,14 @@ def _plan(spec: OhlcvSpec) -> tuple[list[tuple[str, int]], list[str]]:
         return base[:n_obs], known
     have = {fam: set(getattr(spec, _SPEC_FIELD[fam])) for fam in _FAMILIES}
     queues = {
-        fam: [w for w in EXTENSION_GRID if w >= _MIN_EXTENSION[fam] and w not in have[fam]]
-        for fam in _FAMILIES
+        fam: [w for w in EXTENSION_GRID if w >= low and w not in have[fam]]
+        for fam, low in _MIN_EXTENSION.items()
     }
-    pos = dict.fromkeys(_FAMILIES, 0)
+    pos = dict.fromkeys(queues, 0)
     obs = list(base)
     while len(obs) < n_obs:
         progressed = False
-        for fam in _FAMILIES:
+        for fam in queues:
             if len(obs) >= n_obs:
                 break
             if pos[fam] < len(queues[fam]):
@@ -284,7 +289,7 @@ def derive_features(
     hi, lo, c = arrays["high"], arrays["low"], arrays["close"]
 
     obs_plan, known_names = _plan(spec)
-    bars = Ohlcv(hi, lo, c, arrays["volume"])
+    bars = Ohlcv(hi, lo, c, arrays["volume"], arrays["open"])
     observed = {f"{fam}_{w}": bars.feature(fam, w) for fam, w in obs_plan}
     known = {k: calendar(t, k, clock) for k in known_names}
     return DerivedFeatures(
