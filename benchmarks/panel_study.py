@@ -292,6 +292,8 @@ def verdict_of(summary: dict[str, Any]) -> dict[str, Any]:
         return {f"h{r['horizon']}": {k: r.get(k) for k in keep} for r in rows or []}
 
     return {
+        "raw_test_loss": m.get("raw_test_loss"),
+        "baseline_test_loss": {n: b.get("test_loss") for n, b in summary["baselines"].items()},
         "raw_skill": m.get("skill"),
         "calibrated_skill": m.get("calibrated_skill"),
         "target_transform": (summary.get("target") or {}).get("transform"),
