@@ -403,7 +403,11 @@ def test_the_float_export_forecasts_as_its_checkpoint(trained):
     [
         ("drop f2", [], "missing column(s) f2"),
         ("add f3", ["data.features=all"], "extra in the data: f3"),
-        ("keep 18 rows", [], "encoder of 16 rows: AAA has 14 (of 14 in the data)"),
+        (
+            "keep 18 rows",
+            [],
+            "encoder of 16 rows, 2 of 2 instruments: AAA has 14 (of 14 in the data)",
+        ),
         ("no future k1", [], "the forecast needs the known input(s) k1"),
     ],
 )

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve.cross_section import MIN_SHARE, STOP_SHARE, complete_rows, last_complete
 from foxhunt_serve.read import iso_time
+from foxhunt_serve.windows import check_history
 
 import foxhunt
 from foxhunt.data.sample import stock_panel_table
@@ -212,3 +213,18 @@ def test_a_model_trained_without_a_cross_section_serves_a_partial_last_time_as_g
     times = cols["timestamp"][:60]
     assert origin == {"AAA": times[60 - H - 1], "BBB": times[60 - H - 2]}
     assert _said(caplog, LATE) == [] and _said(caplog, FEW) == []
+
+
+def test_many_short_names_are_one_short_line(caplog):
+    """28 of 30 names listed days ago: one warning that counts them and names the first few, not
+    a line naming all 28 (#68)."""
+    names = [f"N{i:02d}" for i in range(30)]
+    usable = {n: (100 if i < 2 else 3) for i, n in enumerate(names)}
+    rows = pa.table({"symbol": [n for n in names for _ in range(usable[n])]})
+    data = {"group_column": "symbol", "futures": None}
+    with caplog.at_level("WARNING"):
+        short = check_history(usable, names, rows, data, needed=20)
+    assert short == set(names[2:])
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "28 of 30 instruments" in line and "N02 has 3 (of 3 in the data)" in line
+    assert "and 23 more" in line and "N29" not in line and len(line) < 400

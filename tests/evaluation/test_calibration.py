@@ -127,6 +127,62 @@ def test_aci_uses_no_outcome_before_its_target_time():
     )
 
 
+def one_at_a_time(pred, y, origin, target, c: dict, key: str) -> np.ndarray:
+    """ACI along one instrument's windows, one window at a time: the definition the panel's
+    lockstep recursion (`foxhunt_serve.calibration.aci`) must equal."""
+    q, pairs, levels = c["quantiles"], c["pairs"], c["grid_levels"]
+    alpha = np.array([1 - (q[j] - q[i]) for i, j in pairs])
+    grid, n_cal = np.asarray(c["grids"][key]), max(c["windows"][key], 1)
+    n, h = y.shape
+    off = np.empty((n, h, len(pairs)))
+    for t in range(n):
+        for s in range(h):
+            known = min(np.searchsorted(target[:, s], origin[t], side="right"), t)
+            gained = np.zeros(len(pairs))
+            for u in range(known):
+                if np.isfinite(y[u, s]):
+                    for k, (i, j) in enumerate(pairs):
+                        inside = (
+                            pred[u, s, i] - off[u, s, k] <= y[u, s] <= pred[u, s, j] + off[u, s, k]
+                        )
+                        gained[k] += alpha[k] - (not inside)
+            level = 1 - (alpha + c["gamma"] * gained)
+            x = np.clip(level * (n_cal + 1) / n_cal, 0, 1) * (levels - 1)
+            i = np.minimum(x.astype(np.int64), levels - 2)
+            frac = x - i
+            k = np.arange(len(pairs))
+            off[t, s] = grid[i, s, k] * (1 - frac) + grid[i + 1, s, k] * frac
+    return off
+
+
+def test_aci_on_a_panel_equals_each_instrument_one_window_at_a_time():
+    """Names of different lengths, interleaved and unsorted, some with their own offsets and
+    some on the pooled ones, a few outcomes unknown: every name's offsets are its own
+    recursion's, window by window."""
+    rng = np.random.default_rng(3)
+    pred_c, y_c, names_c = panel(rng, 300, 4, 0.8)
+    fitted = cal.fit(pred_c, y_c, names_c, QUANTILES, min_windows=250, gamma=0.05)
+    lengths = {"I0": 90, "I1": 40, "I2": 65, "new": 25}  # "new": unseen, the pooled offsets
+    names = np.concatenate([[n] * k for n, k in lengths.items()])
+    origin = np.concatenate([np.arange(k) * STEP for k in lengths.values()])
+    order = rng.permutation(len(names))
+    names, origin = names[order], origin[order]
+    target = origin[:, None] + STEP * np.arange(1, H + 1)
+    pred, y, _ = panel(rng, len(names), 1, 0.8)
+    y[rng.random(y.shape) < 0.05] = np.nan
+    got = fitted.apply(pred, names, y, origin, target, method="aci")
+    c = fitted.to_dict()
+    for name in lengths:
+        rows = np.flatnonzero(names == name)
+        rows = rows[np.argsort(origin[rows])]
+        off = one_at_a_time(pred[rows], y[rows], origin[rows], target[rows], c, fitted.key(name))
+        lo_hi = pred[rows].copy()
+        lo_hi[..., 0] -= off[..., 0]
+        lo_hi[..., 2] += off[..., 0]
+        want = cal.in_order(lo_hi, QUANTILES)
+        np.testing.assert_allclose(got[rows], want, rtol=1e-12, atol=1e-12)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(-50, 50), min_size=5, max_size=5),

@@ -47,14 +47,9 @@ def apply(
         return _widen(pred, off, cal["pairs"], quantiles)
     if method != "aci":
         raise ValueError(f"calibration method {method!r} is none, cqr or aci")
-    off = np.zeros((*pred.shape[:2], len(cal["pairs"])))
-    for name in key:
-        rows = np.flatnonzero(names == name)
-        rows = rows[np.argsort(origin_ns[rows], kind="stable")]
-        off[rows] = aci_offsets(
-            pred[rows], actual[rows], origin_ns[rows], target_ns[rows], cal, key[name]
-        )
-    return _widen(pred, off, cal["pairs"], quantiles)
+    return _widen(
+        pred, aci(pred, actual, names, origin_ns, target_ns, cal, key), cal["pairs"], quantiles
+    )
 
 
 def _widen(pred: np.ndarray, off: Any, pairs: list, quantiles: list[float]) -> np.ndarray:
@@ -65,34 +60,55 @@ def _widen(pred: np.ndarray, off: Any, pairs: list, quantiles: list[float]) -> n
     return in_order(out, quantiles)
 
 
-def aci_offsets(
-    pred: np.ndarray, y: np.ndarray, origin: np.ndarray, target: np.ndarray, cal: dict, key: str
+def aci(
+    pred: np.ndarray,
+    y: np.ndarray,
+    names: np.ndarray,
+    origin: np.ndarray,
+    target: np.ndarray,
+    cal: dict,
+    key: dict[str, str],
 ) -> np.ndarray:
-    """[n, H, P] adaptive conformal inference's offsets (Gibbs and Candes 2021) along one
+    """[n, H, P] adaptive conformal inference's offsets (Gibbs and Candes 2021) along each
     instrument's windows in time order: alpha_t+1 = alpha_t + gamma (alpha - miss_t), counting
     only the outcomes known at the forecast's origin; the offset is the score quantile at
-    (1 - alpha_t)(n + 1) / n, read off the fit's grid."""
-    q, pairs = cal["quantiles"], cal["pairs"]
+    (1 - alpha_t)(n + 1) / n, read off the fit's grid of the instrument's `key`.
+
+    The recursion runs along time, every instrument at once (its t-th window beside the others'
+    t-th): one step per window of the longest history, not one per window of the panel (#68: a
+    250-name panel's windows one at a time took minutes)."""
+    q, pairs, levels = cal["quantiles"], cal["pairs"], cal["grid_levels"]
+    if not len(names):
+        return np.zeros((*pred.shape[:2], len(pairs)))
     alpha = np.array([1 - (q[j] - q[i]) for i, j in pairs])  # each pair's miscoverage
-    grid, n_cal, levels = (
-        np.asarray(cal["grids"][key]),
-        max(cal["windows"][key], 1),
-        cal["grid_levels"],
-    )
-    lo, hi = pred[..., [i for i, _ in pairs]], pred[..., [j for _, j in pairs]]
-    n, h = y.shape
-    known = np.stack([np.searchsorted(target[:, k], origin, side="right") for k in range(h)], 1)
-    known = np.minimum(known, np.arange(n)[:, None])  # only windows already forecast
-    steps, p = np.arange(h)[:, None], np.arange(len(pairs))[None, :]
-    gained = np.zeros((n + 1, h, len(pairs)))  # prefix sums of alpha - miss
-    off = np.empty((n, h, len(pairs)))
-    realized = np.isfinite(y)
+    order, code = np.unique(names.astype(str), return_inverse=True)
+    by = np.lexsort((origin, code.ravel()))  # by instrument, then in time
+    rows = np.split(by, np.flatnonzero(np.diff(code.ravel()[by])) + 1)
+    k, n, (h, p) = len(order), max(len(r) for r in rows), (y.shape[1], len(pairs))
+    at = np.full((k, n), -1)  # each instrument's t-th window (-1: none, past its last)
+    known = np.zeros((k, n, h), np.int64)  # its windows whose step's outcome the origin knows
+    for g, r in enumerate(rows):
+        at[g, : len(r)] = r
+        for s in range(h):
+            seen = np.searchsorted(target[r, s], origin[r], side="right")
+            known[g, : len(r), s] = np.minimum(seen, np.arange(len(r)))  # already forecast
+    grid = np.stack([np.asarray(cal["grids"][key[m]]) for m in order])  # [k, levels, H, P]
+    n_cal = np.array([max(cal["windows"][key[m]], 1) for m in order], np.float64)[:, None, None]
+    pad = np.r_[pred, np.full((1, *pred.shape[1:]), np.nan)]  # row -1: a window that is none
+    lo, hi = pad[..., [i for i, _ in pairs]][at], pad[..., [j for _, j in pairs]][at]
+    y = np.r_[y, np.full((1, h), np.nan)][at]  # [k, n, H]
+    g_, s_, p_ = np.arange(k)[:, None, None], np.arange(h)[None, :, None], np.arange(p)
+    gained = np.zeros((k, n + 1, h, p))  # prefix sums of alpha - miss
+    off = np.zeros((k, n, h, p))
     for t in range(n):
-        level = 1 - (alpha + cal["gamma"] * gained[known[t], np.arange(h)])
+        level = 1 - (alpha + cal["gamma"] * gained[g_, known[:, t, :, None], s_, p_])
         x = np.clip(level * (n_cal + 1) / n_cal, 0, 1) * (levels - 1)
         i = np.minimum(x.astype(np.int64), levels - 2)
         frac = x - i
-        off[t] = grid[i, steps, p] * (1 - frac) + grid[i + 1, steps, p] * frac
-        miss = (y[t, :, None] < lo[t] - off[t]) | (y[t, :, None] > hi[t] + off[t])
-        gained[t + 1] = gained[t] + np.where(realized[t, :, None], alpha - miss, 0)
-    return off
+        off[:, t] = grid[g_, i, s_, p_] * (1 - frac) + grid[g_, i + 1, s_, p_] * frac
+        yt = y[:, t, :, None]
+        miss = (yt < lo[:, t] - off[:, t]) | (yt > hi[:, t] + off[:, t])
+        gained[:, t + 1] = gained[:, t] + np.where(np.isfinite(yt), alpha - miss, 0)
+    out = np.zeros((*pred.shape[:2], p))
+    out[at[at >= 0]] = off[at >= 0]
+    return out

@@ -47,6 +47,7 @@ class Windows(Facts):
 
 log = logging.getLogger(__name__)
 FACTS = tuple(f.name for f in fields(Facts))
+FEW = 5  # the short names a warning lists by name (a panel may have hundreds: the count says it)
 
 
 def bar_interval(name: str, time_ns: np.ndarray) -> int:
@@ -273,12 +274,14 @@ def check_history(
         return set()
     raw = rows_in_data(rows, data)
     listed = "; ".join(
-        f"{n} has {usable.get(n, 0)} (of {raw.get(n, '0 in the data')})" for n in short
+        f"{n} has {usable.get(n, 0)} (of {raw.get(n, '0 in the data')})" for n in short[:FEW]
     )
+    more = f"; and {len(short) - FEW} more" if len(short) > FEW else ""
     warmup = f" of {data['ohlcv']['warmup_rows']} rows" if data.get("ohlcv") else ""
     found = (
-        f"too short a history for the model's encoder of {needed} rows: {listed}; the rows "
-        f"left after NaN handling and the feature warm-up{warmup} count"
+        f"too short a history for the model's encoder of {needed} rows, {len(short)} of "
+        f"{len(names)} instruments: {listed}{more}; the rows left after NaN handling and the "
+        f"feature warm-up{warmup} count"
     )
     if len(short) == len(names):
         raise DataError(found)

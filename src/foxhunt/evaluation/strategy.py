@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,9 @@ class Bars:
         if not np.isfinite(self.returns).all() or not np.isfinite(self.forecast).all():
             raise DataError("the forecasts or the realised returns hold NaN or infinite values")
 
-    @property
+    @cached_property
     def first(self) -> np.ndarray:
-        """[n] whether a row is its instrument's first."""
+        """[n] whether a row is its instrument's first (computed once, #68)."""
         return np.r_[True, self.instrument[1:] != self.instrument[:-1]]
 
     def segments(self) -> dict[str, slice]:
@@ -284,8 +285,7 @@ class StrategyResult:
     portfolio: Stats
     # name (an instrument, or PORTFOLIO) -> (origin times ns, the equity once that bar is in)
     curves: dict[str, tuple[np.ndarray, np.ndarray]]
-    # [n] per row of the Bars: position, turnover, gross, cost, net, weight
-    ledger: dict[str, np.ndarray] = field(repr=False)
+    ledger: dict[str, np.ndarray] = field(repr=False)  # per row: position, turnover, gross...
     # the portfolio's (origin times ns, net return of that bar): a tuning study's DSR and PBO
     portfolio_returns: tuple[np.ndarray, np.ndarray] = field(repr=False)
     hedged: bool = False  # each name traded against the market, both legs costed (`hedged`)
