@@ -545,6 +545,20 @@ def test_the_example_prints_each_instruments_latest_forecast(plain, capsys):
     np.testing.assert_array_equal(median, served.column("q0.5").to_numpy())
 
 
+def test_a_forecaster_keeps_its_session_open_across_tables(plain, tmp_path):
+    """foxhunt_serve.Forecaster opens ONNX Runtime once; each table of bars it is given (a live
+    loop's) gets the forecasts foxhunt-serve writes for that table's file."""
+    served = forecast.Forecaster(plain.export)
+    session = served.session
+    full = pq.read_table(plain.data)
+    for k, table in enumerate((full.slice(3), full, full.slice(3))):
+        got = served.predict(table)
+        assert served.session is session
+        pq.write_table(table, tmp_path / f"{k}.parquet")
+        assert got.equals(forecast.predict(plain.export, tmp_path / f"{k}.parquet"))
+        assert sorted(set(got["instrument"].to_pylist())) == ["AAA", "BBB"]
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 

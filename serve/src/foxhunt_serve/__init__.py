@@ -8,6 +8,8 @@ with `instrument`, `origin_time`, `horizon`, `target_time`, one column per quant
 target's own units, `actual` (the raw target realised), and `target_transform`, the model's
 data.target_transform the quantiles are in: under xs_demean or xs_rank they forecast the
 target less the names' mean (or its rank) at each time, realised in `actual_<transform>`.
+In a live loop, `Forecaster(EXPORT_DIR)` opens ONNX Runtime once and `.predict(table)` gives
+the same table for each new table of bars.
 
 The steps, one module each:
 
@@ -38,7 +40,7 @@ from foxhunt_serve.cross_section import PANEL_NAMES, by_date, complete_rows, nam
 from foxhunt_serve.errors import DataError, InputError, WriteError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic
-from foxhunt_serve.forecast import TRANSFORM, actual_column, output, rows_of
+from foxhunt_serve.forecast import TRANSFORM, Forecaster, actual_column, output, rows_of
 from foxhunt_serve.futures import (
     ADJUSTMENTS,
     EXPIRED_NS,
@@ -134,6 +136,7 @@ __all__ = [
     "name_of",
     "normalize_rows",
     "output",
+    "Forecaster",
     "panel",
     "parse_contract",
     "pooled_scale",

@@ -91,26 +91,43 @@ def output(
     )
 
 
+class Forecaster:
+    """An exported model with its ONNX Runtime session open: `predict` a table of bars once a
+    bar in a live loop without paying the session's start each time (#68)."""
+
+    def __init__(self, export_dir: Path, batch_size: int = 256, threads: int = 0) -> None:
+        export_dir = Path(export_dir)
+        self.meta, model = read_export(export_dir)  # both checked before any data is read
+        self.session = open_session(model, self.meta, export_dir / "model.json", threads)
+        self.batch_size = batch_size
+
+    def predict(self, data: pa.Table | Path | str, all_windows: bool = False) -> pa.Table:
+        """The forecasts for the bars in `data` (a table, or a Parquet file's path), as
+        predict.py's table: each instrument's latest window, or every window."""
+        meta, source = self.meta, "the table"
+        if not isinstance(data, pa.Table):
+            source = str(data)
+            try:
+                data = pq.read_table(data)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise DataError(f"cannot read {source}: {' '.join(str(exc).split())}") from None
+        # aci adapts to the realized targets of the instrument's past windows: forecast them too
+        adapts = (meta["calibration"] or {}).get("method") == "aci"
+        windows = build_windows(data, meta, all_windows or adapts, source)
+        values = forecast(self.session, meta, windows, self.batch_size)
+        if adapts and not all_windows:  # then only each instrument's latest
+            latest = build_windows(data, meta, False, source, quiet=True)
+            windows, values = latest, values[rows_of(windows, latest)]
+        time_type = data.schema.field(meta["data"]["time_column"]).type
+        transform = meta["data"].get("target_transform", "none")  # (model.json before it: none)
+        return output(windows, values, meta["output"]["columns"], time_type, transform)
+
+
 def predict(
     export_dir: Path, data: Path, all_windows: bool = False, batch_size: int = 256, threads: int = 0
 ) -> pa.Table:
     """The forecasts of the exported model for the bars in `data`, as predict.py's table."""
-    meta, model = read_export(export_dir)  # both checked before the data is read
-    onnx = open_session(model, meta, export_dir / "model.json", threads)
-    try:
-        table = pq.read_table(data)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"cannot read {data}: {' '.join(str(exc).split())}") from None
-    # aci adapts to the realized targets of the instrument's past windows: forecast them too
-    adapts = (meta["calibration"] or {}).get("method") == "aci"
-    windows = build_windows(table, meta, all_windows or adapts, str(data))
-    values = forecast(onnx, meta, windows, batch_size)
-    if adapts and not all_windows:  # then only each instrument's latest
-        latest = build_windows(table, meta, False, str(data), quiet=True)
-        windows, values = latest, values[rows_of(windows, latest)]
-    time_type = table.schema.field(meta["data"]["time_column"]).type
-    transform = meta["data"].get("target_transform", "none")  # (model.json before it: none)
-    return output(windows, values, meta["output"]["columns"], time_type, transform)
+    return Forecaster(export_dir, batch_size, threads).predict(data, all_windows)
 
 
 def rows_of(every: Any, latest: Any) -> np.ndarray:
