@@ -1,7 +1,11 @@
 """foxhunt's LightGBM baseline against the one a quant writes by hand, and against foxhunt's old
 one, on the same test dates of a study panel (issue #67), without training a TFT.
 
-    python -m benchmarks.bench_lightgbm [--data drift250,planted250] [--seeds 0,1,2]
+    python -m benchmarks.bench_lightgbm [--data drift250,planted250] [--seeds 0,1,2] [--model]
+
+`--model` scores the TFT instead: the forecasts of `benchmarks.panel_study`'s `verdict` cell on
+the same data set and seed (`python -m benchmarks.panel_study verdict` first), its median on
+the same test dates, scored by the same code.
 
 For each data set of `benchmarks.panel_study` and seed, the panel is read as `foxhunt train`
 reads it (the default recipe's data module: its splits, windows and target) and three
@@ -38,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from foxhunt_serve import by_date
 from hydra import compose, initialize_config_dir
@@ -326,10 +331,44 @@ def run(data: str, seed: int, work: Path) -> list[dict]:
     return rows
 
 
+def model_rows(data: str, seed: int, work: Path) -> list[dict]:
+    """The TFT's rows (`--model`): the median forecasts in test_forecasts.parquet of the last
+    `verdict` study cell of `benchmarks.panel_study` on this data set and seed (its run
+    directory still there), scored here as the LightGBMs are, on the same dates."""
+    found = [
+        r
+        for r in map(json.loads, (RESULTS.parent / "panel_study.jsonl").open())
+        if r["study"] == "verdict" and r["data"] == data and r["seed"] == seed
+    ]
+    if not found or not (Path(found[-1]["run_dir"]) / "test_forecasts.parquet").exists():
+        return []
+    cell = found[-1]
+    forecasts = pq.read_table(Path(cell["run_dir"]) / "test_forecasts.parquet")
+    DATASETS[data](work, seed)
+    returns = raw_returns(pq.read_table(next(work.glob("*.parquet"))))
+    order = [("instrument", "ascending"), ("origin_time", "ascending")]
+    by_h = {
+        h: forecasts.filter(pc.equal(forecasts["horizon"], h)).sort_by(order) for h in (1, HELD)
+    }
+    names = np.array(by_h[1]["instrument"].to_pylist(), dtype=object)
+    origin = by_h[1]["origin_time"].cast(pa.int64()).to_numpy()
+    assert (by_h[HELD]["origin_time"].cast(pa.int64()).to_numpy() == origin).all()
+    # [n, 2]: the targets of horizons 1 and HELD (2), as `scored` indexes them
+    target = np.column_stack(
+        [by_h[h]["target_time"].cast(pa.int64()).to_numpy() for h in (1, HELD)]
+    )
+    forecast = {h: by_h[h][quantile_column(0.5)].to_numpy() for h in (1, HELD)}
+    row = {"data": data, "seed": seed, "target_transform": cell["target_transform"]}
+    row |= {"forecaster": "TFT", "fit_s": cell["wall_s"], "pinball": cell["raw_test_loss"]}
+    facts = {"commit": cell["commit"], "run_dir": cell["run_dir"], "epochs": cell["epochs"]}
+    return [row | scored(None, names, origin, target, forecast, returns) | {"facts": facts}]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="drift250,planted250")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--model", action="store_true", help="score the verdict study's TFT alone")
     a = ap.parse_args()
     load = os.getloadavg()[0]
     meta = {
@@ -346,7 +385,8 @@ def main() -> None:
     for data in a.data.split(","):
         for seed in (int(s) for s in a.seeds.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
-                for r in run(data, seed, Path(tmp)):
+                cell = (model_rows if a.model else run)(data, seed, Path(tmp))
+                for r in cell:
                     r |= meta
                     rows.append(r)
                     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve import POOLED, Cut
 from foxhunt_serve.clock import Clock
 from foxhunt_serve.windows import future_steps, known_inputs
 from omegaconf import OmegaConf
@@ -207,6 +208,48 @@ def test_aci_in_predict_adapts_to_realized_targets_known_at_each_origin(trained)
         got, want = changed[q].to_numpy(), adaptive[q].to_numpy()
         np.testing.assert_array_equal(got[before], want[before])
         assert not np.allclose(got[~before], want[~before])
+
+
+def test_the_windows_aci_replays_are_those_after_its_state_at_most_a_cap():
+    """After ACI's stored state, each name's latest window and those before it with a step
+    the state has not counted (the state's time), at most `cap` before the latest; a name
+    without a state of its own (or a file that starts after the state's time): `cap`."""
+    e, h, n = 4, 3, 40
+    time_ns = np.arange(n) * 10
+    steps = np.arange(n, n + h) * 10  # the bars to forecast
+
+    def first(replay):
+        cut = Cut(e, h, False, replay)
+        return cut.origins("A", time_ns, np.zeros(n), steps, np.ones(h, bool))[0]
+
+    np.testing.assert_array_equal(first(({"A": 300}, 100)), np.arange(28, n))  # 28 + 3 > 30
+    np.testing.assert_array_equal(first(({"A": 300}, 5)), np.arange(n - 6, n))  # the cap
+    np.testing.assert_array_equal(first(({"B": 300}, 10)), np.arange(n - 11, n))  # no state
+    np.testing.assert_array_equal(first(({"A": 10_000}, 100)), [n - 1])  # all counted
+    np.testing.assert_array_equal(first(({"A": -5}, 100)), np.arange(e - 1, n))  # none yet
+    np.testing.assert_array_equal(first(None), [n - 1])
+
+
+def test_the_checkpoint_carries_aci_s_state_where_predict_resumes(trained):
+    """The run's calibration holds each name's adapted miscoverage, the last target time it
+    counted (the test period's end), the offsets of its windows pending then, and the pooled
+    state; predict forecasts the windows after it alone, as a full replay would there."""
+    predictor = foxhunt.load(trained.ckpt, batch_size=64)
+    state = predictor.calibration.state
+    test = pq.read_table(trained.root / "run" / "test_forecasts.parquet")
+    tested = set(test["instrument"].to_pylist())  # one test batch: AAA's (BBB: the pooled)
+    assert set(state) == tested | {POOLED} and tested
+    for name in tested:
+        rows = test.filter(pc.equal(test["instrument"], name))
+        last = pc.max(rows["origin_time"].cast(pa.int64())).as_py()  # its last test window's
+        assert max(state[name]["seen_ns"]) == last
+        assert np.shape(state[name]["miscoverage"]) == (H, 1) and state[name]["pending"]
+    forecast, sizes = predictor._forward, []
+    predictor._forward = lambda ds, progress: sizes.append(len(ds)) or forecast(ds, progress)
+    resumed = predictor.predict(trained.tail_path)
+    predictor.predict(trained.tail_path, all_windows=True)
+    assert 2 <= sizes[0] < sizes[1]
+    _assert_ordered(resumed)
 
 
 def test_future_times_continue_at_the_bar_interval():

@@ -9,6 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -70,6 +72,14 @@ CASES = {
         lambda m: m["calibration"].pop("grids"),
         "field calibration.grids is missing",
     ),
+    "aci's state as a number": (
+        lambda m: m["calibration"].update(state=3),
+        "field calibration.state must be an object, not 3",
+    ),
+    "a name's state without its miscoverage": (
+        lambda m: m["calibration"].update(state={"AAA": {"seen_ns": [0]}}),
+        "field calibration.state.AAA must hold miscoverage and seen_ns",
+    ),
 }
 
 
@@ -93,6 +103,19 @@ def test_an_earlier_versions_model_json_still_loads(plain, tmp_path):
 
     code, _, stderr = consumer(_damaged(plain, tmp_path, earlier), plain.data, tmp_path / "o")
     assert code == 0 and stderr == ""
+
+
+def test_an_aci_model_json_without_its_state_replays_every_window(plain, tmp_path):
+    """An export from before ACI's state: every window replayed from the nominal level."""
+    assert json.loads((plain.export / "model.json").read_text())["calibration"]["state"]
+    export = _damaged(plain, tmp_path, lambda m: m["calibration"].pop("state"))
+    code, _, stderr = consumer(export, plain.data, tmp_path / "o.parquet")
+    assert code == 0 and stderr == ""
+    replayed = forecast.predict(export, plain.data)
+    every = forecast.predict(export, plain.data, all_windows=True)  # from the nominal level
+    names, origin = (np.array(every[c].to_pylist()) for c in ("instrument", "origin_time"))
+    last = np.array([origin[names == n].max() == o for n, o in zip(names, origin, strict=True)])
+    assert replayed.equals(every.filter(pa.array(last)))
 
 
 def test_output_paths_are_checked_before_the_data(plain, tmp_path, no_work):

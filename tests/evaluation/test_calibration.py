@@ -183,6 +183,44 @@ def test_aci_on_a_panel_equals_each_instrument_one_window_at_a_time():
         np.testing.assert_allclose(got[rows], want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("gamma", [0.005, 0.05])
+def test_aci_resumed_from_its_stored_state_is_the_run_straight_through(gamma):
+    """ACI's state at a time (each name's adapted miscoverage, the outcomes it counted, the
+    offsets of windows with a step after it), through JSON as model.json carries it, then the
+    windows with a step after that time: every later window's quantiles are the straight run's
+    (#68: predict and the consumer forecast those windows alone)."""
+    rng = np.random.default_rng(4)
+    pred_c, y_c, names_c = panel(rng, 300, 3, 0.8)
+    fitted = cal.fit(pred_c, y_c, names_c, QUANTILES, "aci", gamma=gamma, min_windows=250)
+    lengths = {"I0": 900, "I1": 600, "I2": 750}  # I2 on the pooled offsets (its own: none)
+    names = np.concatenate([[n] * k for n, k in lengths.items()])
+    origin = np.concatenate([np.arange(1000 - k, 1000) * STEP for k in lengths.values()])
+    target = origin[:, None] + STEP * np.arange(1, H + 1)
+    pred, y, _ = panel(rng, len(names), 1, 0.7)  # too narrow: ACI widens them
+    straight = fitted.apply(pred, names, y, origin, target, method="aci")
+    cut = 700 * STEP  # the state's time: outcomes known then
+    then = origin <= cut
+    fitted.state = json.loads(
+        json.dumps(
+            cal.adapted_state(
+                pred[then], vars(fitted) | {"grid_levels": cal.GRID}, names[then],
+                np.where(target[then] <= cut, y[then], np.nan), origin[then], target[then],
+            )
+        )
+    )  # fmt: skip
+    assert set(fitted.state) == {"I0", "I1", "I2", cal.POOLED}
+    assert all(min(fitted.state[n]["seen_ns"]) == cut for n in lengths)
+    later = target[:, -1] > cut  # the windows predict replays
+    resumed = fitted.apply(
+        pred[later], names[later], y[later], origin[later], target[later], "aci", resume=True
+    )
+    after = origin[later] > cut
+    np.testing.assert_allclose(resumed[after], straight[later][after], rtol=0, atol=1e-12)
+    # without the state: from the nominal level, which the straight run had long left
+    fresh = fitted.apply(pred[later], names[later], y[later], origin[later], target[later], "aci")
+    assert np.abs(fresh[after] - straight[later][after]).max() > 0.01
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(-50, 50), min_size=5, max_size=5),

@@ -33,7 +33,8 @@ Bad input is one `InputError` line; the command prints it as `error: ...` and ex
 
 # The public API: what foxhunt, which trains the models this package serves, takes from it
 # (tests/test_imports.py holds foxhunt to it), by step. Everything else here is internal.
-from foxhunt_serve.calibration import POOLED, in_order
+from foxhunt_serve.calibration import POOLED, in_order, replay_plan
+from foxhunt_serve.calibration import adapted as adapted_state
 from foxhunt_serve.calibration import apply as calibrate
 from foxhunt_serve.clock import Clock, Sessions, changes, learn_open
 from foxhunt_serve.cross_section import PANEL_NAMES, by_date, complete_rows, name_of, panel
@@ -116,7 +117,9 @@ __all__ = [
     "bar_interval",
     "by_date",
     "calendar",
+    "adapted_state",
     "calibrate",
+    "replay_plan",
     "changes",
     "check_history",
     "check_normalized",

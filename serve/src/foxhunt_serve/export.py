@@ -98,6 +98,7 @@ SCHEMA: dict[str, tuple[Any, ...]] = {
     "calibration.windows": (OBJECT, ABSENT),
     "calibration.grids": (OBJECT, ABSENT),
     "calibration.grid_levels": (COUNT, ABSENT),
+    "calibration.state": (OBJECT, ABSENT),  # ACI's where the run ended (an export before: none)
     "features": (OBJECT,),
     "data": (OBJECT,),
     "data.time_column": (TEXT,),
@@ -161,6 +162,12 @@ def check_schema(meta: dict[str, Any], where: Path | str) -> None:
             if name not in cal:
                 raise InputError(
                     f"{where}: field calibration.{name} is missing; export the model again"
+                )
+        for name, held in (cal.get("state") or {}).items():
+            if not (isinstance(held, dict) and {"miscoverage", "seen_ns"} <= set(held)):
+                raise InputError(
+                    f"{where}: field calibration.state.{name} must hold miscoverage and "
+                    "seen_ns; export the model again"
                 )
     quantiles, columns = len(meta["quantiles"]), len(meta["output"]["columns"])
     if columns != quantiles:

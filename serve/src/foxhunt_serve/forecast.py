@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from foxhunt_serve.calibration import apply
+from foxhunt_serve.calibration import apply, replay_plan
 from foxhunt_serve.errors import DataError
 from foxhunt_serve.export import open_session, read_export
 from foxhunt_serve.scaling import of_instruments
@@ -27,8 +27,11 @@ def actual_column(transform: str) -> str:
     return "actual" if transform == "none" else f"actual_{transform}"
 
 
-def forecast(session: Any, meta: dict[str, Any], w: Windows, batch_size: int) -> np.ndarray:
-    """The quantiles [windows, H, Q] in the target's units, calibrated."""
+def forecast(
+    session: Any, meta: dict[str, Any], w: Windows, batch_size: int, resume: bool = False
+) -> np.ndarray:
+    """The quantiles [windows, H, Q] in the target's units, calibrated (`resume`: ACI from its
+    stored state)."""
     e, h = meta["encoder_length"], meta["prediction_length"]
     n_observed = len(meta["inputs"][0]["features"])
     names = {spec["name"] for spec in meta["inputs"]}
@@ -50,7 +53,9 @@ def forecast(session: Any, meta: dict[str, Any], w: Windows, batch_size: int) ->
     centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)
     actual = (w.target_actual - centre[:, None]) / scale[:, None]
     cal = meta["calibration"]
-    values = apply(out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns)
+    values = apply(
+        out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns, None, resume
+    )
     return values * scale[:, None, None] + centre[:, None, None]
 
 
@@ -111,10 +116,13 @@ class Forecaster:
                 data = pq.read_table(data)
             except (OSError, pa.ArrowInvalid) as exc:
                 raise DataError(f"cannot read {source}: {' '.join(str(exc).split())}") from None
-        # aci adapts to the realized targets of the instrument's past windows: forecast them too
+        # aci adapts to the realized targets of the instrument's past windows: forecast them too,
+        # those after its stored state (every one for a model.json without it)
         adapts = (meta["calibration"] or {}).get("method") == "aci"
-        windows = build_windows(data, meta, all_windows or adapts, source)
-        values = forecast(self.session, meta, windows, self.batch_size)
+        plan = replay_plan(meta["calibration"]) if adapts and not all_windows else None
+        every = all_windows or (adapts and plan is None)
+        windows = build_windows(data, meta, every, source, replay=plan)
+        values = forecast(self.session, meta, windows, self.batch_size, plan is not None)
         if adapts and not all_windows:  # then only each instrument's latest
             latest = build_windows(data, meta, False, source, quiet=True)
             windows, values = latest, values[rows_of(windows, latest)]

@@ -99,8 +99,18 @@ class Cut:
     """The windows of one instrument after another: each one's last encoder row (its origin),
     and what each output row says of it (`FACTS`)."""
 
-    def __init__(self, encoder_length: int, prediction_length: int, all_windows: bool) -> None:
+    def __init__(
+        self,
+        encoder_length: int,
+        prediction_length: int,
+        all_windows: bool,
+        replay: tuple[dict[str, int], int] | None = None,
+    ) -> None:
+        """`replay` (`calibration.replay_plan`): the latest window and the ones before it that
+        ACI's stored state has not counted (each name's time, and the most windows), not only
+        the latest."""
         self.e, self.h, self.all_windows = encoder_length, prediction_length, all_windows
+        self.replay = None if all_windows else replay
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in FACTS}
         self.lacking: list[str] = []
 
@@ -120,8 +130,15 @@ class Cut:
         if f < h and not self.all_windows:
             self.lacking.append(f"{name} has {f}")
         first = self.e - 1 if self.all_windows else n - 1
-        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
         time_all = np.concatenate([time_ns, times])
+        if self.replay is not None:
+            seen, cap = self.replay
+            first = max(self.e - 1, n - 1 - cap)
+            if name in seen:  # from the first window with a step the state has not counted
+                later = np.arange(first, n)
+                after = time_all[np.minimum(later + h, len(time_all) - 1)] > seen[name]
+                first = int(later[np.argmax(after)]) if after.any() else n - 1
+        origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
         if len(origins) == 0:
             if self.all_windows:
                 self.lacking.append(f"{name} has {f}")
@@ -180,10 +197,15 @@ def series_rows(history: np.ndarray, known_after: np.ndarray) -> np.ndarray:
 
 
 def build_windows(
-    table: pa.Table, meta: dict[str, Any], all_windows: bool, path: str, quiet: bool = False
+    table: pa.Table,
+    meta: dict[str, Any],
+    all_windows: bool,
+    path: str,
+    quiet: bool = False,
+    replay: tuple[dict[str, int], int] | None = None,
 ) -> Windows:
-    """Each instrument's latest window (every one with `all_windows`), normalized (`quiet`: the
-    warnings were given by a build before it)."""
+    """Each instrument's latest window (every one with `all_windows`; with `replay`, those ACI
+    replays: `Cut`), normalized (`quiet`: the warnings were given by a build before it)."""
     data, features = meta["data"], meta["features"]
     e, h = meta["encoder_length"], meta["prediction_length"]
     observed_rows, future = complete_rows(table, data, meta["instruments"], h, quiet)
@@ -198,7 +220,7 @@ def build_windows(
     sessions = Sessions((data.get("calendar") or {}).get("sessions"))
     # of each series with windows: its statics, embedding row, and rows' target centre and scale
     static, embed, target = [], [], []
-    cut, blocks, starts, groups, offset = Cut(e, h, all_windows), [], [], [], 0
+    cut, blocks, starts, groups, offset = Cut(e, h, all_windows, replay), [], [], [], 0
     for s in series:
         times, given, user = future_steps(
             s.name, s.time_ns, future.get(s.name), h, data["known_columns"], clock, sessions

@@ -46,6 +46,7 @@ from foxhunt_serve import (
     future_steps,
     known_inputs,
     output,
+    replay_plan,
     rows_of,
     series_rows,
 )
@@ -267,11 +268,13 @@ def build_windows(
     all_windows: bool,
     unseen: bool = False,
     quiet: bool = False,
+    replay: tuple[dict[str, int], int] | None = None,
 ) -> Windows:
     """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
-    latest, or with `all_windows` every window with a full encoder history (`unseen`: the
-    model forecasts names outside its vocabulary; `quiet`: the warnings were given by a build
-    before it)."""
+    latest, or with `all_windows` every window with a full encoder history, or with `replay`
+    those ACI replays after its stored state (`foxhunt_serve.Cut`; `unseen`: the model
+    forecasts names outside its vocabulary; `quiet`: the warnings were given by a build before
+    it)."""
     if schema.groups and not cfg.group_column:
         raise ConfigError(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
@@ -297,7 +300,7 @@ def build_windows(
     usable = {s.name: len(s.target) for s in series}
     short = check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
     series = [s for s in series if s.name not in short]
-    return _cut(series, future, loaded, cfg, schema, keep, all_windows)
+    return _cut(series, future, loaded, cfg, schema, keep, all_windows, replay)
 
 
 def _cut(
@@ -308,10 +311,11 @@ def _cut(
     schema: DataSchema,
     keep: Any,
     all_windows: bool,
+    replay: tuple[dict[str, int], int] | None = None,
 ) -> Windows:
     """The windows of each series, normalized as the checkpoint's schema says."""
     e, h = schema.encoder_length, schema.prediction_length
-    cut, builder = Cut(e, h, all_windows), WindowBuilder(["predict"])
+    cut, builder = Cut(e, h, all_windows, replay), WindowBuilder(["predict"])
     clock, sessions = clock_of(cfg), Sessions(schema.sessions)
     known, given_known = known_of(cfg)
     for s in series:
@@ -381,10 +385,14 @@ class Predictor:
         resolve_names(cfg, pads.dataset(table))  # this file's spelling of the columns
         adapts = self.calibration is not None and self.calibration.method == "aci"
         unseen = forecasts_unseen(self.model, self.schema)
-        windows = build_windows(table, cfg, self.schema, all_windows or adapts, unseen)
+        # aci: the windows after its stored state too (every one for a checkpoint without it)
+        plan = replay_plan(self.calibration.to_dict()) if adapts and not all_windows else None
+        every = all_windows or (adapts and plan is None)
+        windows = build_windows(table, cfg, self.schema, every, unseen, replay=plan)
         if adapts and not all_windows:  # the latest windows are there as they would be alone
             latest = build_windows(table, cfg, self.schema, False, unseen, quiet=True)
-        normalized = self._calibrated(self._forward(windows.dataset, progress), windows)
+        forecast = self._forward(windows.dataset, progress)
+        normalized = self._calibrated(forecast, windows, plan is not None)
         if adapts and not all_windows:
             windows, normalized = latest, normalized[rows_of(windows, latest)]
         center, scale = self._target(windows)
@@ -393,13 +401,16 @@ class Predictor:
         columns = [quantile_column(q) for q in sorted(self.quantiles)]
         return output(windows, values, columns, time_type, self.schema.target_transform)
 
-    def _calibrated(self, pred: np.ndarray, w: Windows) -> np.ndarray:
-        """The model's normalized forecasts calibrated (ACI: from the realized targets)."""
+    def _calibrated(self, pred: np.ndarray, w: Windows, resume: bool = False) -> np.ndarray:
+        """The model's normalized forecasts calibrated (ACI: from the realized targets, from
+        its stored state with `resume`)."""
         if self.calibration is None:  # a model saved before calibration: only in order
             return np.sort(pred, axis=-1)
         center, scale = self._target(w)
         actual = (w.target_actual - center[:, None]) / scale[:, None]
-        return self.calibration.apply(pred, w.instrument, actual, w.origin_ns, w.target_ns)
+        return self.calibration.apply(
+            pred, w.instrument, actual, w.origin_ns, w.target_ns, resume=resume
+        )
 
     def _target(self, w: Windows) -> tuple[np.ndarray, np.ndarray]:
         """The target's centre and scale [N] of each window's instrument."""

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from foxhunt_serve import POOLED, calibrate, in_order
+from foxhunt_serve import POOLED, adapted_state, calibrate, in_order
 
 from foxhunt.evaluation import stats
 from foxhunt.evaluation.forecasts import RAW_PREFIX, quantile_column, target_column, window_facts
@@ -86,6 +86,9 @@ class Calibration:
     windows: dict[str, int]  # key -> calibration windows it was fitted on
     gamma: float = 0.005
     fitted_on: str = "validation"
+    # ACI's state at the test period's end, by name (`foxhunt_serve.calibration.adapted`):
+    # where predict and the consumer resume for the latest windows (#68)
+    state: dict[str, Any] | None = None
 
     @property
     def alphas(self) -> np.ndarray:
@@ -104,14 +107,16 @@ class Calibration:
         origin_ns: np.ndarray | None = None,
         target_ns: np.ndarray | None = None,
         method: str | None = None,
+        resume: bool = False,
     ) -> np.ndarray:
         """pred [n, H, Q] (normalized) calibrated by `method` (default the fit's): none (only
         put in order), cqr (the static offsets) or aci (adapted to each realized outcome in
-        `actual` [n, H], NaN where unknown, by `origin_ns` [n] and `target_ns` [n, H]); the
-        serving core's `apply`, which predict and the ONNX consumer share."""
+        `actual` [n, H], NaN where unknown, by `origin_ns` [n] and `target_ns` [n, H];
+        `resume`: from the stored state); the serving core's `apply`, which predict and the
+        ONNX consumer share."""
         cal = {**vars(self), "grid_levels": GRID}
         return calibrate(
-            pred, cal, self.quantiles, instrument, actual, origin_ns, target_ns, method
+            pred, cal, self.quantiles, instrument, actual, origin_ns, target_ns, method, resume
         )
 
     # --- storing -----------------------------------------------------------------------------
@@ -129,6 +134,7 @@ class Calibration:
             "offsets": {k: _listed(v) for k, v in self.offsets.items()},
             "grid_levels": GRID,
             "grids": {k: _listed(v) for k, v in self.grids.items()},
+            **({"state": self.state} if self.state else {}),
         }
 
     @classmethod
@@ -144,6 +150,7 @@ class Calibration:
             windows={k: int(v) for k, v in d["windows"].items()},
             gamma=float(d["gamma"]),
             fitted_on=d.get("fitted_on", "validation"),
+            state=d.get("state"),
         )
 
 
@@ -300,6 +307,11 @@ def calibrate_run(
         for m in ("cqr", "aci")
         if cal.offsets
     }
+    if cal.method == "aci" and cal.offsets:  # where predict and the consumer resume
+        cal.state = adapted_state(
+            test_pred, {**vars(cal), "grid_levels": GRID}, test.instrument, test.actual,
+            test.origin_ns, test.target_ns,
+        )  # fmt: skip
     found = compare(test_pred, every, test.actual, quantiles, test.instrument)
     pred = every.get(cal.method, in_order(test_pred, quantiles))
     chosen = found["methods"].get(cal.method)
