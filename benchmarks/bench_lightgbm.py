@@ -364,12 +364,66 @@ def model_rows(data: str, seed: int, work: Path) -> list[dict]:
     return [row | scored(None, names, origin, target, forecast, returns) | {"facts": facts}]
 
 
+ORDER = ("TFT", "foxhunt", "by hand", "old")  # the table's rows, per data set
+
+
+def table() -> str:
+    """docs/panels.md's table (`--table`): per data set and forecaster, over the seeds of each
+    one's last rows, the mean (min..max) rank IC by date at h1 and at the book's horizon with
+    the mean ICIR and t, the book's net Sharpe, the pinball loss and the TFT's skill against
+    it, and the fit."""
+    last = {}
+    for r in map(json.loads, RESULTS.open()):
+        last[(r["data"], r["seed"], r["forecaster"])] = r
+    lines = [
+        "| data | forecaster | seeds | h1 rank IC by date (ICIR, t) | h2 rank IC (ICIR, t) | "
+        "book net Sharpe at 10 bp | pinball | the TFT's skill against it | fit s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def spread(values: list[float], digits: int) -> str:
+        return f"{np.mean(values):.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
+
+    for data in sorted({k[0] for k in last}, reverse=True):
+        for who in ORDER:
+            rows = [r for (d, _, f), r in sorted(last.items()) if d == data and f == who]
+            if not rows:
+                continue
+            ic = {
+                h: f"{spread([r[h]['rank_ic'] for r in rows], 3)} "
+                f"({np.mean([r[h]['icir'] for r in rows]):.2f}, "
+                f"{np.mean([r[h]['t'] for r in rows]):.1f})"
+                for h in ("h1", f"h{HELD}")
+            }
+            pin, skill = "n/a", "n/a"
+            if rows[0]["pinball"] is not None:
+                pin = spread([r["pinball"] for r in rows], 4)
+                tft = [last.get((data, r["seed"], "TFT")) for r in rows]
+                if who != "TFT" and all(tft):
+                    gain = [
+                        100 * (1 - t["pinball"] / r["pinball"])
+                        for t, r in zip(tft, rows, strict=True)
+                    ]
+                    skill = f"{np.mean(gain):+.2f}% ({min(gain):+.2f}%..{max(gain):+.2f}%)"
+            book = spread([r["book"]["net_sharpe"] for r in rows], 1)
+            fit = f"{np.mean([r['fit_s'] for r in rows]):.0f}"
+            cells = [data, who, len(rows), ic["h1"], ic[f"h{HELD}"], book, pin, skill, fit]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="drift250,planted250")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--model", action="store_true", help="score the verdict study's TFT alone")
+    ap.add_argument(
+        "--table", action="store_true", help="print docs/panels.md's table, run nothing"
+    )
     a = ap.parse_args()
+    if a.table:
+        print(table())
+        return
     load = os.getloadavg()[0]
     meta = {
         "machine": platform.processor() or platform.machine(),
