@@ -233,7 +233,7 @@ def test_trains_on_ohlcv_features_of_the_es_sample(tmp_path, es_sample):
         "trainer.accelerator=cpu",
     ]
     summary = train(compose_train(*overrides), tmp_path / "run")
-    assert summary["num_features"] == 23 and summary["global_step"] == 20
+    assert summary["num_features"] == 24 and summary["global_step"] == 20  # 18 + gap_1 + 5
     assert summary["metrics"]["baseline_test_loss"] > 0
     # a return's MAE is logged in basis points too (the progress bar shows that one)
     with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
