@@ -85,7 +85,16 @@ def _sacct(job: str) -> dict[str, str]:
 
 
 def history(job: str) -> list[str]:
-    """Every state `job` ended a run in, a requeue included (sacct --duplicates)."""
+    """Every state `job` ended a run in, a requeue included (sacct --duplicates), once its
+    last run has ended (as in `sacct`: the launcher has the result before SLURM ends it)."""
+    deadline = time.monotonic() + 300
+    while (states := _history(job)) and states[-1] in {"PENDING", "RUNNING", "COMPLETING"}:
+        assert time.monotonic() < deadline, states
+        time.sleep(1)
+    return states
+
+
+def _history(job: str) -> list[str]:
     out = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-D", "-o", "State", "-j", job],
         capture_output=True,
