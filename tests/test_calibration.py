@@ -15,6 +15,7 @@ from foxhunt.app.train import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.files import read_export
+from foxhunt.training.checkpoint_io import calibration_of
 from tests.helpers import (
     FIVE_MIN,
     T0,
@@ -44,7 +45,7 @@ def test_the_calibration_is_fitted_without_the_test_targets(tmp_path):
     changed = dict(cols, y=np.where(later, cols["y"] * 3 + 1, cols["y"]))
     second = _run(tmp_path, "second", changed)
     offsets = [
-        torch.load(s["best_checkpoint"], weights_only=True)["calibration"]["offsets"]
+        calibration_of(torch.load(s["best_checkpoint"], weights_only=True))["offsets"]
         for s in (first, second)
     ]
     assert offsets[0] == offsets[1]  # not one offset moved
@@ -74,7 +75,7 @@ def test_a_run_reports_its_calibration_and_every_file_carries_it(tmp_path):
     assert not np.allclose(delivered, raw)
     np.testing.assert_array_equal(table["q0.5"].to_numpy(), table["raw_q0.5"].to_numpy())
 
-    stored = torch.load(summary["best_checkpoint"], weights_only=True)["calibration"]
+    stored = calibration_of(torch.load(summary["best_checkpoint"], weights_only=True))
     assert stored["offsets"]["*"] == cal["offsets_by_horizon"]
     assert read_export(summary["export"])[1]["calibration"] == json.loads(json.dumps(stored))
     for source in (summary["best_checkpoint"], summary["export"]):
@@ -123,7 +124,7 @@ def test_a_calibration_share_is_held_out_of_validation_and_fits_the_calibration(
     summary = _run(tmp_path, "run", cols, "data.calibration_share=0.4")
     assert summary["calibration"]["fitted_on"] == "calibration"
     assert summary["calibration"]["calibration_windows"] == len(cal)
-    stored = torch.load(summary["best_checkpoint"], weights_only=True)["calibration"]
+    stored = calibration_of(torch.load(summary["best_checkpoint"], weights_only=True))
     assert stored["fitted_on"] == "calibration"
     with pytest.raises(ConfigError, match="data.calibration_share must be in"):
         train(compose_train(*tiny_overrides(path, "data.calibration_share=1")), tmp_path / "x")

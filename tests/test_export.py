@@ -559,6 +559,42 @@ def test_a_forecaster_keeps_its_session_open_across_tables(plain, tmp_path):
         assert sorted(set(got["instrument"].to_pylist())) == ["AAA", "BBB"]
 
 
+def test_a_forecaster_runs_the_model_on_the_new_bar_s_windows_alone(plain, tmp_path):
+    """In a live loop a call a bar later runs the model on the window that bar made, each
+    name's; the others' outputs are kept from the call before (by what the model reads of
+    them). Its forecasts are a fresh session's; the same table again runs nothing."""
+    tail = pq.read_table(plain.data)
+    cols = {c: tail[c].to_numpy(zero_copy_only=False) for c in tail.column_names}
+    symbol = cols["symbol"]
+    last_bar = _last_rows(symbol, H + 1) & ~_last_rows(symbol, H)  # each name's last target
+    for k in ("y", "f1", "f2"):
+        cols[k] = np.where(last_bar, np.nan, cols[k])
+    earlier = write_table(
+        tmp_path / "earlier.parquet", {k: v[~_last_rows(symbol, 1)] for k, v in cols.items()}
+    )
+    served, ran = forecast.Forecaster(plain.export), []
+    session = served.session
+    served.session = SimpleNamespace(
+        run=lambda names, feed: (
+            ran.append(len(feed["encoder_observed"])) or session.run(names, feed)
+        )
+    )
+    served.predict(earlier)
+    assert sum(ran) > 2
+    ran.clear()
+    got = served.predict(tail)
+    assert sum(ran) == 2  # AAA's and BBB's new latest window
+    want = forecast.predict(plain.export, plain.data)
+    for column in want.column_names:
+        if column.startswith("q"):
+            np.testing.assert_allclose(got[column], want[column], rtol=1e-6, atol=1e-7)
+        else:
+            assert got[column].equals(want[column]), column
+    ran.clear()
+    served.predict(tail)
+    assert ran == []
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 

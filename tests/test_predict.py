@@ -27,6 +27,7 @@ from foxhunt.data.horizon import Future, known_of
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
 from foxhunt.quantization.qat import export_int8, load_int8, prepare_qat, set_qat_phase
+from foxhunt.training.checkpoint_io import calibration_of
 from foxhunt.training.module import TFTModule, model_init
 from tests.helpers import (
     FIVE_MIN,
@@ -118,7 +119,7 @@ def test_latest_window_per_instrument_equals_a_hand_computation(trained):
 
     tail, schema = trained.tail, predictor.schema
     module = TFTModule.load_from_checkpoint(trained.ckpt, map_location="cpu")
-    calibration = torch.load(trained.ckpt, weights_only=True)["calibration"]
+    calibration = calibration_of(torch.load(trained.ckpt, weights_only=True))
     assert calibration["method"] == "aci" and calibration["pairs"] == [[0, 2]]
     model = module.model.eval()
     for name in ("AAA", "BBB"):
@@ -213,7 +214,9 @@ def test_aci_in_predict_adapts_to_realized_targets_known_at_each_origin(trained)
 def test_the_windows_aci_replays_are_those_after_its_state_at_most_a_cap():
     """After ACI's stored state, each name's latest window and those before it with a step
     the state has not counted (the state's time), at most `cap` before the latest; a name
-    without a state of its own (or a file that starts after the state's time): `cap`."""
+    without a state of its own, those after the latest of the names' (POOLED's time: its
+    windows before it replay nothing a start from the names' mean lacks); a file that starts
+    after the state's time: `cap`."""
     e, h, n = 4, 3, 40
     time_ns = np.arange(n) * 10
     steps = np.arange(n, n + h) * 10  # the bars to forecast
@@ -225,6 +228,9 @@ def test_the_windows_aci_replays_are_those_after_its_state_at_most_a_cap():
     np.testing.assert_array_equal(first(({"A": 300}, 100)), np.arange(28, n))  # 28 + 3 > 30
     np.testing.assert_array_equal(first(({"A": 300}, 5)), np.arange(n - 6, n))  # the cap
     np.testing.assert_array_equal(first(({"B": 300}, 10)), np.arange(n - 11, n))  # no state
+    pooled = {"B": 300, POOLED: 300}  # A without its own: the names' latest time
+    np.testing.assert_array_equal(first((pooled, 100)), np.arange(28, n))
+    np.testing.assert_array_equal(first((pooled | {POOLED: 10_000}, 100)), [n - 1])  # delisted
     np.testing.assert_array_equal(first(({"A": 10_000}, 100)), [n - 1])  # all counted
     np.testing.assert_array_equal(first(({"A": -5}, 100)), np.arange(e - 1, n))  # none yet
     np.testing.assert_array_equal(first(None), [n - 1])
@@ -494,7 +500,7 @@ def test_int8_export_predicts(trained):
     set_qat_phase(model, observe=False, fake_quant=True)
     init = model_init(module.hparams.model, schema)
     path = trained.ckpt.parent / "model_int8.safetensors"  # beside the checkpoints: config found
-    calibration = torch.load(trained.ckpt, weights_only=True)["calibration"]
+    calibration = calibration_of(torch.load(trained.ckpt, weights_only=True))
     export_int8(model, init, path, schema=schema.to_dict(), calibration=calibration)
     int8 = foxhunt.load(path, batch_size=64).predict(trained.tail_path, all_windows=True)
     assert int8.num_rows == fp32.num_rows

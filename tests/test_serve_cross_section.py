@@ -5,6 +5,7 @@ without a cross-section serves any subset of names as given."""
 
 from __future__ import annotations
 
+import json
 import logging
 from types import SimpleNamespace
 
@@ -13,11 +14,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from foxhunt_serve import recent_rows, replay_plan
+from foxhunt_serve import windows as serve_windows
 from foxhunt_serve.cross_section import MIN_SHARE, STOP_SHARE, complete_rows, last_complete
 from foxhunt_serve.read import iso_time
 from foxhunt_serve.windows import check_history
 
 import foxhunt
+import foxhunt.app.predict as app_predict
 from foxhunt.data.sample import stock_panel_table
 from tests.helpers import TINY_MODEL, make_table, run_cli, run_script
 
@@ -195,6 +199,27 @@ def test_a_file_of_a_few_trained_names_warns_once_in_predict_and_the_consumer(ne
     said = _said(caplog, FEW)
     assert len(said) == 2 and all(s.startswith(want) for s in said)  # once by each
     assert _said(caplog, LATE) == []
+
+
+@pytest.mark.slow  # trains and exports a 40-name model (about 40 CPU-s): the full tier
+def test_the_latest_forecasts_read_only_the_rows_they_need(neutral, monkeypatch):
+    """#68: predict's and the consumer's latest forecasts from the rows `recent_rows` keeps (the
+    windows after ACI's stored state, their encoders and warm-up, every name at those times)
+    are theirs from the whole file, to float32 rounding; predict's are the consumer's."""
+    pytest.importorskip("onnxruntime")
+    meta = json.loads((neutral.onnx / "model.json").read_text())
+    plan = replay_plan(meta["calibration"])
+    e, h = meta["encoder_length"], meta["prediction_length"]
+    assert recent_rows(neutral.panel, meta["data"], e, h, plan).num_rows < neutral.panel.num_rows
+    got = _serve(neutral, neutral.panel, "recent")
+    for module in (serve_windows, app_predict):
+        monkeypatch.setattr(module, "recent_rows", lambda table, *args: table)
+    want = _serve(neutral, neutral.panel, "whole")
+    for g, w in (*zip(got, want, strict=True), got):  # each way alike; predict as the consumer
+        for column in ("instrument", "origin_time", "horizon", "target_time"):
+            assert g[column].equals(w[column]), column
+        a, b = (np.column_stack([t[q].to_numpy() for q in QUANTILES]) for t in (g, w))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 
 
 def test_a_model_trained_without_a_cross_section_serves_a_partial_last_time_as_given(

@@ -41,7 +41,15 @@ from foxhunt_serve.cross_section import PANEL_NAMES, by_date, complete_rows, nam
 from foxhunt_serve.errors import DataError, InputError, WriteError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic
-from foxhunt_serve.forecast import TRANSFORM, Forecaster, actual_column, output, rows_of
+from foxhunt_serve.forecast import (
+    TRANSFORM,
+    Forecaster,
+    Todo,
+    actual_column,
+    facts_at,
+    latest_of,
+    output,
+)
 from foxhunt_serve.futures import (
     ADJUSTMENTS,
     EXPIRED_NS,
@@ -61,6 +69,7 @@ from foxhunt_serve.futures import (
 from foxhunt_serve.normalize import as_float32, check_normalized, normalize_rows
 from foxhunt_serve.read import TIME_UNITS, Future, as_float, as_text, group_codes, split_future
 from foxhunt_serve.read import time_ns as read_time_ns
+from foxhunt_serve.recent import recent_rows
 from foxhunt_serve.scaling import (
     SCALE_INPUT,
     instrument_scales,
@@ -140,12 +149,15 @@ __all__ = [
     "normalize_rows",
     "output",
     "Forecaster",
+    "Todo",
+    "facts_at",
+    "latest_of",
     "panel",
     "parse_contract",
     "pooled_scale",
     "read_time_ns",
+    "recent_rows",
     "roll_schedule",
-    "rows_of",
     "scale_input",
     "scale_static",
     "series_rows",

@@ -17,12 +17,14 @@ REPLAY_GAMMAS = 5
 
 def replay_plan(cal: dict[str, Any] | None) -> tuple[dict[str, int], int] | None:
     """For a calibration with ACI's stored state: each name's time up to which its outcomes are
-    in the state (its windows with a step after it are replayed), and the most windows replayed
-    (others: up to that many); None without one (every window replayed from the start)."""
+    in the state (its windows with a step after it are replayed), under POOLED the latest of
+    them (a name without a state of its own starts from the names' mean, which holds the
+    outcomes up to there: its windows with a step after it are replayed), and the most windows
+    replayed; None without one (every window replayed from the start)."""
     if not cal or cal.get("method") != "aci" or not cal.get("state"):
         return None
     seen = {n: min(v["seen_ns"]) for n, v in cal["state"].items() if n != POOLED}
-    return seen, int(np.ceil(REPLAY_GAMMAS / cal["gamma"]))
+    return seen | {POOLED: max(seen.values())}, int(np.ceil(REPLAY_GAMMAS / cal["gamma"]))
 
 
 def in_order(pred: np.ndarray, quantiles: list[float]) -> np.ndarray:

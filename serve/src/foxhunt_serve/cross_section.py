@@ -178,12 +178,11 @@ def complete_rows(
     data: dict[str, Any],
     vocabulary: list[str],
     horizon: int,
-    quiet: bool = False,
 ) -> tuple[pa.Table, dict[str, Future]]:
     """The rows of `table` to read and, by instrument, the rows to forecast (`split_future`);
     for a model that compares names at each time (`across_names`), read up to the last
     complete time and checked against the trained names `vocabulary`, with one warning each
-    (the module's rules; `horizon`: the prediction length; `quiet`: said already)."""
+    (the module's rules; `horizon`: the prediction length)."""
     observed, future = split_future(table, data)
     if not across_names(data) or not data["group_column"] or observed.num_rows == 0:
         return observed, future
@@ -204,17 +203,16 @@ def complete_rows(
                 f"{late}; a futures panel cannot be forecast from {since}, the last complete "
                 f"time: drop the rows after it"
             )
-        if not quiet:
-            log.warning(
-                "%s; the model compares each name with the others at each time, so it forecasts "
-                "from %s, the last complete time (the later bars are its first steps)",
-                late,
-                since,
-            )
+        log.warning(
+            "%s; the model compares each name with the others at each time, so it forecasts "
+            "from %s, the last complete time (the later bars are its first steps)",
+            late,
+            since,
+        )
         observed, future = _forecast_after(observed, future, data, at > end)
         keep = at <= end
         at, name, times = at[keep], name[keep], times[: end + 1]
-    if vocabulary and not quiet:
+    if vocabulary:
         _warn_thin(times, at, name, names, vocabulary)
     return observed, future
 

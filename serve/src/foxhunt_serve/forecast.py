@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from foxhunt_serve.calibration import apply, replay_plan
 from foxhunt_serve.errors import DataError
 from foxhunt_serve.export import open_session, read_export
 from foxhunt_serve.scaling import of_instruments
-from foxhunt_serve.windows import Windows, build_windows
+from foxhunt_serve.windows import FACTS, Facts, Windows, build_windows
 
 # the output's column naming the data.target_transform the quantile columns are in: "none" (in
 # the raw target's units, `actual`'s), xs_demean or xs_rank (in `actual_<transform>`'s)
@@ -28,28 +30,21 @@ def actual_column(transform: str) -> str:
 
 
 def forecast(
-    session: Any, meta: dict[str, Any], w: Windows, batch_size: int, resume: bool = False
+    session: Any,
+    meta: dict[str, Any],
+    w: Windows,
+    batch_size: int,
+    resume: bool = False,
+    memo: dict[bytes, np.ndarray] | None = None,
 ) -> np.ndarray:
     """The quantiles [windows, H, Q] in the target's units, calibrated (`resume`: ACI from its
-    stored state)."""
-    e, h = meta["encoder_length"], meta["prediction_length"]
-    n_observed = len(meta["inputs"][0]["features"])
-    names = {spec["name"] for spec in meta["inputs"]}
-    out = np.empty((len(w.starts), h, len(meta["quantiles"])), np.float32)
-    for start in range(0, len(w.starts), batch_size):
-        s = w.starts[start : start + batch_size]
-        enc = w.rows[s[:, None] + np.arange(e)]
-        feed = {"encoder_observed": enc[..., :n_observed]}
-        if "encoder_known" in names:
-            feed["encoder_known"] = enc[..., n_observed:]
-            feed["decoder_known"] = w.rows[s[:, None] + np.arange(e, e + h)][..., n_observed:]
-        g = w.group[start : start + batch_size]
-        if "static_real" in names:
-            feed["static_real"] = w.static[g]
-        if "instrument" in names:
-            feed["instrument"] = w.embed[g]
-        feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
-        out[start : start + len(s)] = session.run([meta["output"]["name"]], feed)[0]
+    stored state; `memo`: `run_model`'s)."""
+    return calibrated(meta, w, run_model(session, meta, w, batch_size, memo), resume)
+
+
+def calibrated(meta: dict[str, Any], w: Windows, out: np.ndarray, resume: bool) -> np.ndarray:
+    """The model's quantiles `out` [windows, H, Q] (normalized) calibrated, in the target's
+    units (`resume`: ACI from its stored state)."""
     centre, scale = of_instruments(meta["target"], meta["instruments"], w.instrument)
     actual = (w.target_actual - centre[:, None]) / scale[:, None]
     cal = meta["calibration"]
@@ -57,6 +52,58 @@ def forecast(
         out, cal, meta["quantiles"], w.instrument, actual, w.origin_ns, w.target_ns, None, resume
     )
     return values * scale[:, None, None] + centre[:, None, None]
+
+
+def run_model(
+    session: Any,
+    meta: dict[str, Any],
+    w: Windows,
+    batch_size: int,
+    memo: dict[bytes, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The model's quantiles [windows, H, Q], normalized, as ONNX Runtime gives them. `memo`:
+    the outputs of the windows a call before forecast, by their inputs (`Forecaster`'s): only
+    the others run, and it then holds this call's."""
+    e, h = meta["encoder_length"], meta["prediction_length"]
+    n_observed = len(meta["inputs"][0]["features"])
+    names = {spec["name"] for spec in meta["inputs"]}
+    out = np.empty((len(w.starts), h, len(meta["quantiles"])), np.float32)
+    if memo is None:
+        keys, todo = [], np.arange(len(w.starts))
+    else:
+        keys = [_key(w, i, e, h, n_observed) for i in range(len(w.starts))]
+        todo = np.array([i for i, k in enumerate(keys) if k not in memo], np.int64)
+    for start in range(0, len(todo), batch_size):
+        at = todo[start : start + batch_size]
+        s, g = w.starts[at], w.group[at]
+        enc = w.rows[s[:, None] + np.arange(e)]
+        feed = {"encoder_observed": enc[..., :n_observed]}
+        if "encoder_known" in names:
+            feed["encoder_known"] = enc[..., n_observed:]
+            feed["decoder_known"] = w.rows[s[:, None] + np.arange(e, e + h)][..., n_observed:]
+        if "static_real" in names:
+            feed["static_real"] = w.static[g]
+        if "instrument" in names:
+            feed["instrument"] = w.embed[g]
+        feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
+        out[at] = session.run([meta["output"]["name"]], feed)[0]
+    if memo is not None:
+        for i, k in enumerate(keys):
+            if k in memo:
+                out[i] = memo[k]
+        memo.clear()
+        memo.update(zip(keys, out.copy(), strict=True))
+    return out
+
+
+def _key(w: Windows, i: int, e: int, h: int, n_observed: int) -> bytes:
+    """What the model reads of window `i`, hashed: its encoder's rows, its steps' known inputs,
+    its statics and embedding row (a step's other columns: empty until its bar comes)."""
+    s, g = w.starts[i], w.group[i]
+    digest = hashlib.blake2b(w.rows[s : s + e].tobytes(), digest_size=16)
+    digest.update(w.rows[s + e : s + e + h, n_observed:].tobytes())
+    digest.update(w.static[g].tobytes() + w.embed[g : g + 1].tobytes())
+    return digest.digest()
 
 
 def times(ns: np.ndarray, time_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
@@ -105,6 +152,9 @@ class Forecaster:
         self.meta, model = read_export(export_dir)  # both checked before any data is read
         self.session = open_session(model, self.meta, export_dir / "model.json", threads)
         self.batch_size = batch_size
+        # the model's outputs of the last call's windows, by their inputs: a live loop's next
+        # call runs the model on its new windows alone (ACI's replay reads the others again)
+        self.memo: dict[bytes, np.ndarray] = {}
 
     def predict(self, data: pa.Table | Path | str, all_windows: bool = False) -> pa.Table:
         """The forecasts for the bars in `data` (a table, or a Parquet file's path), as
@@ -116,16 +166,13 @@ class Forecaster:
                 data = pq.read_table(data)
             except (OSError, pa.ArrowInvalid) as exc:
                 raise DataError(f"cannot read {source}: {' '.join(str(exc).split())}") from None
-        # aci adapts to the realized targets of the instrument's past windows: forecast them too,
-        # those after its stored state (every one for a model.json without it)
-        adapts = (meta["calibration"] or {}).get("method") == "aci"
-        plan = replay_plan(meta["calibration"]) if adapts and not all_windows else None
-        every = all_windows or (adapts and plan is None)
-        windows = build_windows(data, meta, every, source, replay=plan)
-        values = forecast(self.session, meta, windows, self.batch_size, plan is not None)
-        if adapts and not all_windows:  # then only each instrument's latest
-            latest = build_windows(data, meta, False, source, quiet=True)
-            windows, values = latest, values[rows_of(windows, latest)]
+        todo = Todo.of(meta["calibration"], all_windows)
+        windows = build_windows(data, meta, todo.every, source, replay=todo.replay)
+        resume = todo.replay is not None
+        values = forecast(self.session, meta, windows, self.batch_size, resume, self.memo)
+        if todo.latest:
+            at = latest_of(windows.instrument)
+            windows, values = facts_at(windows, at), values[at]
         time_type = data.schema.field(meta["data"]["time_column"]).type
         transform = meta["data"].get("target_transform", "none")  # (model.json before it: none)
         return output(windows, values, meta["output"]["columns"], time_type, transform)
@@ -138,9 +185,30 @@ def predict(
     return Forecaster(export_dir, batch_size, threads).predict(data, all_windows)
 
 
-def rows_of(every: Any, latest: Any) -> np.ndarray:
-    """The indices in `every` of the windows of `latest` (by instrument and origin)."""
-    keys = zip(every.instrument, every.origin_ns, strict=True)
-    at = {(str(n), int(o)): i for i, (n, o) in enumerate(keys)}
-    wanted = zip(latest.instrument, latest.origin_ns, strict=True)
-    return np.array([at[(str(n), int(o))] for n, o in wanted], dtype=np.int64)
+@dataclass(frozen=True)
+class Todo:
+    """The windows predict forecasts for each name's latest forecast, under a calibration:
+    `every` window, or those ACI `replay`s after its stored state (`replay_plan`), and whether
+    only each name's `latest` is kept of them. foxhunt's predict and the consumer both ask here."""
+
+    every: bool
+    replay: tuple[dict[str, int], int] | None
+    latest: bool
+
+    @classmethod
+    def of(cls, cal: dict[str, Any] | None, all_windows: bool) -> Todo:
+        # aci adapts to the realized targets of a name's past windows: forecast them too, those
+        # after its stored state (every one for a model.json or checkpoint without it)
+        adapts = (cal or {}).get("method") == "aci" and not all_windows
+        plan = replay_plan(cal) if adapts else None
+        return cls(all_windows or (adapts and plan is None), plan, adapts)
+
+
+def latest_of(instrument: np.ndarray) -> np.ndarray:
+    """The index of each name's latest window, of windows in order by name, then time."""
+    return np.flatnonzero(np.r_[instrument[1:] != instrument[:-1], True])
+
+
+def facts_at(w: Facts, at: np.ndarray) -> Facts:
+    """The facts of the windows `at` (indices) of `w`."""
+    return Facts(**{k: getattr(w, k)[at] for k in FACTS})

@@ -9,12 +9,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from foxhunt_serve.calibration import POOLED
 from foxhunt_serve.clock import Clock, Sessions, session_steps
 from foxhunt_serve.cross_section import complete_rows
 from foxhunt_serve.errors import DataError
 from foxhunt_serve.features import calendar
 from foxhunt_serve.normalize import normalize_rows
 from foxhunt_serve.read import Future, group_codes, root_of
+from foxhunt_serve.recent import recent_rows
 from foxhunt_serve.scaling import of_instruments
 from foxhunt_serve.series import across, load_series
 
@@ -134,9 +136,10 @@ class Cut:
         if self.replay is not None:
             seen, cap = self.replay
             first = max(self.e - 1, n - 1 - cap)
-            if name in seen:  # from the first window with a step the state has not counted
+            since = seen.get(name, seen.get(POOLED))  # (a name without its own: the mean's)
+            if since is not None:  # from the first window with a step the state has not counted
                 later = np.arange(first, n)
-                after = time_all[np.minimum(later + h, len(time_all) - 1)] > seen[name]
+                after = time_all[np.minimum(later + h, len(time_all) - 1)] > since
                 first = int(later[np.argmax(after)]) if after.any() else n - 1
         origins = np.arange(first, min(n - 1, n + f - 1 - h) + 1)
         if len(origins) == 0:
@@ -201,19 +204,20 @@ def build_windows(
     meta: dict[str, Any],
     all_windows: bool,
     path: str,
-    quiet: bool = False,
     replay: tuple[dict[str, int], int] | None = None,
 ) -> Windows:
     """Each instrument's latest window (every one with `all_windows`; with `replay`, those ACI
-    replays: `Cut`), normalized (`quiet`: the warnings were given by a build before it)."""
+    replays: `Cut`), normalized."""
     data, features = meta["data"], meta["features"]
     e, h = meta["encoder_length"], meta["prediction_length"]
-    observed_rows, future = complete_rows(table, data, meta["instruments"], h, quiet)
+    if not all_windows:  # the rows those windows read, not the whole history
+        table = recent_rows(table, data, e, h, replay)
+    observed_rows, future = complete_rows(table, data, meta["instruments"], h)
     series = across(load_series(observed_rows, meta, path), meta)
     names = sorted({s.name for s in series} | set(future))
     vocab, embedding_row = embedding_rows(names, meta)
     usable = {s.name: len(s.target) for s in series}
-    short = check_history(usable, names, observed_rows, data, e, quiet)
+    short = check_history(usable, names, observed_rows, data, e)
     series = [s for s in series if s.name not in short]
     columns, known, given_known, statics = inputs_of(meta)
     clock = Clock.of(data.get("calendar"))
@@ -286,11 +290,10 @@ def check_history(
     rows: pa.Table,
     data: dict[str, Any],
     needed: int,
-    quiet: bool = False,
 ) -> set[str]:
     """The instruments without an encoder's worth of rows (`usable`: by name) left after NaN
     handling and warm-up, left out with one warning (a real panel always holds a name listed
-    days ago; `quiet`: said already); an error when that is every one."""
+    days ago); an error when that is every one."""
     short = [n for n in names if usable.get(n, 0) < needed]
     if not short:
         return set()
@@ -307,8 +310,7 @@ def check_history(
     )
     if len(short) == len(names):
         raise DataError(found)
-    if not quiet:
-        log.warning("left out, %s", found)
+    log.warning("left out, %s", found)
     return set(short)
 
 

@@ -34,13 +34,15 @@ def run_device(name: str, key: str = "device") -> torch.device:
     return torch.device(name)
 
 
-def training_data_config(ckpt_path: Path) -> DictConfig | None:
+def training_data_config(ckpt_path: Path, ckpt: Any = None) -> DictConfig | None:
     """The data config of the run that wrote the checkpoint: the one the checkpoint carries,
     else its run's (<run>/checkpoints/x.ckpt beside <run>/.hydra/config.yaml, where an export
-    or a checkpoint of foxhunt 0.2 finds it), if either is there."""
+    or a checkpoint of foxhunt 0.2 finds it), if either is there. `ckpt`: the checkpoint,
+    already read (None: read here; a checkpoint's unpickling takes seconds)."""
     data = None
     if ckpt_path.suffix == ".ckpt":
-        data = read_checkpoint(ckpt_path)[1].get("data_config")
+        ckpt = read_checkpoint(ckpt_path)[1] if ckpt is None else ckpt
+        data = ckpt.get("data_config") if isinstance(ckpt, dict) else None
         if data is not None:
             log.info("data: the config the checkpoint carries")
     if data is None:

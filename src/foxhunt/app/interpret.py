@@ -396,7 +396,7 @@ def interpret_checkpoint(cfg: DictConfig, out_dir: Path, overrides: list[str]) -
     check_writable(out_dir)
     path, hparams, ckpt = read_checkpoint_hparams(cfg.ckpt_path)
     chosen, changes = data_changes(cfg.data, overrides)
-    trained = None if chosen else training_data_config(path)
+    trained = None if chosen else training_data_config(path, ckpt)
     data_cfg = cfg.data if trained is None else OmegaConf.merge(trained, changes)
     datamodule = ParquetDataModule(data_cfg, schema=DataSchema.from_dict(hparams["schema"]))
     datamodule.setup()

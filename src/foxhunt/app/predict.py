@@ -41,13 +41,15 @@ from foxhunt_serve import (
     Cut,
     Facts,
     Sessions,
+    Todo,
     check_history,
     complete_rows,
+    facts_at,
     future_steps,
     known_inputs,
+    latest_of,
     output,
-    replay_plan,
-    rows_of,
+    recent_rows,
     series_rows,
 )
 from omegaconf import DictConfig, OmegaConf
@@ -72,7 +74,7 @@ from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import precision_of
 from foxhunt.precision.fp32 import load_weights
 from foxhunt.quantization.qat import INT8_FORMAT, load_int8, read_int8
-from foxhunt.training.checkpoint_io import load_module, read_checkpoint
+from foxhunt.training.checkpoint_io import calibration_of, load_module, read_checkpoint
 from foxhunt.training.module import forecasts_unseen
 
 log = logging.getLogger(__name__)
@@ -112,15 +114,15 @@ def load(
     if isinstance(blob, dict) and "hyper_parameters" in blob:
         model, schema, model_cfg, precision = _from_checkpoint(path, blob)
         target = run_device(device, "predict.device")
-        fitted = blob.get("calibration")
+        fitted = calibration_of(blob)
     elif blob is None or (isinstance(blob, dict) and "int8" in blob):  # legacy model_int8.pt
         model, schema, model_cfg, int8, fitted = _from_export(path, device)
         precision = {"name": "fp32"}  # dequantized or float weights: a float trace sizes it
         target = torch.device("cpu") if int8 else run_device(device, "predict.device")
     else:
         raise CheckpointError(f"{path} is neither a foxhunt checkpoint nor an export")
+    data_cfg = _data_config(path, schema, data, data_defaults, blob)
     del blob
-    data_cfg = _data_config(path, schema, data, data_defaults)
     predictor = Predictor(model, schema, data_cfg, target, model_cfg, precision, batch_size)
     predictor.calibration = _calibration(path, fitted, calibration)
     return predictor
@@ -194,8 +196,9 @@ def _data_config(
     schema: DataSchema,
     changes: Mapping[str, Any] | None,
     defaults: DictConfig | None,
+    ckpt: Any = None,
 ) -> DictConfig:
-    trained = training_data_config(path)
+    trained = training_data_config(path, ckpt)
     base = defaults if defaults is not None else trained
     if base is None:
         base = _schema_data_config(schema)
@@ -267,28 +270,26 @@ def build_windows(
     schema: DataSchema,
     all_windows: bool,
     unseen: bool = False,
-    quiet: bool = False,
     replay: tuple[dict[str, int], int] | None = None,
 ) -> Windows:
     """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
     latest, or with `all_windows` every window with a full encoder history, or with `replay`
     those ACI replays after its stored state (`foxhunt_serve.Cut`; `unseen`: the model
-    forecasts names outside its vocabulary; `quiet`: the warnings were given by a build before
-    it)."""
+    forecasts names outside its vocabulary)."""
     if schema.groups and not cfg.group_column:
         raise ConfigError(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
             "data.group_column to the column that names them"
         )
-    # a model trained across names reads up to the last complete time (foxhunt_serve)
     read = data_section(cfg, schema)
-    observed_rows, future = complete_rows(
-        table, read, schema.groups, schema.prediction_length, quiet
-    )
+    e, h = schema.encoder_length, schema.prediction_length
+    if not all_windows:  # the rows those windows read, not the whole history
+        table = recent_rows(table, read, e, h, replay)
+    # a model trained across names reads up to the last complete time (foxhunt_serve)
+    observed_rows, future = complete_rows(table, read, schema.groups, h)
     loaded = load_table(observed_rows, cfg)
     series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
-    e, h = schema.encoder_length, schema.prediction_length
     # without the features the model was trained without (constant then)
     found, keep = drop_features(
         DataSchema.from_loaded(
@@ -298,7 +299,7 @@ def build_windows(
     )
     schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
-    short = check_history(usable, names, observed_rows, data_section(cfg), e, quiet)
+    short = check_history(usable, names, observed_rows, data_section(cfg), e)
     series = [s for s in series if s.name not in short]
     return _cut(series, future, loaded, cfg, schema, keep, all_windows, replay)
 
@@ -383,20 +384,17 @@ class Predictor:
         cfg = self.data_cfg.copy()
         cfg.path = where
         resolve_names(cfg, pads.dataset(table))  # this file's spelling of the columns
-        adapts = self.calibration is not None and self.calibration.method == "aci"
+        cal = None if self.calibration is None else self.calibration.to_dict()
+        todo = Todo.of(cal, all_windows)
         unseen = forecasts_unseen(self.model, self.schema)
-        # aci: the windows after its stored state too (every one for a checkpoint without it)
-        plan = replay_plan(self.calibration.to_dict()) if adapts and not all_windows else None
-        every = all_windows or (adapts and plan is None)
-        windows = build_windows(table, cfg, self.schema, every, unseen, replay=plan)
-        if adapts and not all_windows:  # the latest windows are there as they would be alone
-            latest = build_windows(table, cfg, self.schema, False, unseen, quiet=True)
+        windows = build_windows(table, cfg, self.schema, todo.every, unseen, replay=todo.replay)
         forecast = self._forward(windows.dataset, progress)
-        normalized = self._calibrated(forecast, windows, plan is not None)
-        if adapts and not all_windows:
-            windows, normalized = latest, normalized[rows_of(windows, latest)]
+        normalized = self._calibrated(forecast, windows, todo.replay is not None)
         center, scale = self._target(windows)
         values = normalized.astype(np.float64) * scale[:, None, None] + center[:, None, None]
+        if todo.latest:  # the latest windows are there as they would be alone
+            at = latest_of(windows.instrument)
+            windows, values = facts_at(windows, at), values[at]
         time_type = table.schema.field(cfg.time_column).type
         columns = [quantile_column(q) for q in sorted(self.quantiles)]
         return output(windows, values, columns, time_type, self.schema.target_transform)

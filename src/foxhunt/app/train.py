@@ -5,6 +5,7 @@ summary.json, the report."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -234,7 +235,7 @@ def finish(
             cfg, parts.precision, module, datamodule, fitted.tested, run, calibrated
         )
         if fitted.best:  # the best checkpoint carries its calibration (predict applies it)
-            annotate_checkpoint(fitted.best, calibration=calibrated)
+            annotate_checkpoint(fitted.best, calibration=json.dumps(calibrated))
     summary["splits"] = datamodule.splits
     summary["target"] = datamodule.schema.target_summary()
     summary["memory"] = memory_summary(parts.memory, trainer.strategy.root_device)

@@ -200,6 +200,8 @@ def max_batch_size(
                 peaks[b] = max(peaks[b], val.total)
         return peaks[b]
 
+    if peak(limit) <= budget:  # the most asked for fits (predict's few windows): one trace
+        return limit, peaks
     p1 = peak(1)
     if p1 > budget:
         top = sorted(traced[1].parts.items(), key=lambda kv: -kv[1])[:2]
