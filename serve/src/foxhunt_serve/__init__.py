@@ -33,7 +33,7 @@ Bad input is one `InputError` line; the command prints it as `error: ...` and ex
 
 # The public API: what foxhunt, which trains the models this package serves, takes from it
 # (tests/test_imports.py holds foxhunt to it), by step. Everything else here is internal.
-from foxhunt_serve.calibration import POOLED, in_order, replay_plan
+from foxhunt_serve.calibration import POOLED, in_order, replay_plan, stored_outputs
 from foxhunt_serve.calibration import adapted as adapted_state
 from foxhunt_serve.calibration import apply as calibrate
 from foxhunt_serve.clock import Clock, Sessions, changes, learn_open
@@ -129,6 +129,7 @@ __all__ = [
     "adapted_state",
     "calibrate",
     "replay_plan",
+    "stored_outputs",
     "changes",
     "check_history",
     "check_normalized",

@@ -27,6 +27,27 @@ def replay_plan(cal: dict[str, Any] | None) -> tuple[dict[str, int], int] | None
     return seen | {POOLED: max(seen.values())}, int(np.ceil(REPLAY_GAMMAS / cal["gamma"]))
 
 
+def stored_outputs(
+    cal: dict[str, Any] | None, instrument: np.ndarray, origin_ns: np.ndarray, shape: tuple
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the windows (by name and origin, in order by name then time) ACI's stored state
+    holds the model's outputs of (its `bounds`: the test windows pending at the state's time,
+    which the run forecast already), and those outputs `shape` [n, H, Q], normalized: the
+    calibrated pairs' levels, NaN at the others (ACI reads no other of a window it replays).
+    A name's latest window is never held: it is delivered whole."""
+    held, out = np.zeros(len(origin_ns), bool), np.full(shape, np.nan, np.float32)
+    state, pairs = (cal or {}).get("state") or {}, (cal or {}).get("pairs") or []
+    lo, hi = [i for i, _ in pairs], [j for _, j in pairs]
+    for i, (name, origin) in enumerate(zip(instrument, origin_ns, strict=True)):
+        ends = state.get(str(name), {}).get("bounds", {}).get(str(int(origin)))
+        if ends is not None:
+            held[i] = True
+            out[i][:, lo], out[i][:, hi] = ends
+    if len(held):
+        held[np.r_[instrument[1:] != instrument[:-1], True]] = False
+    return held, out
+
+
 def in_order(pred: np.ndarray, quantiles: list[float]) -> np.ndarray:
     """pred [..., Q] with no crossing: the lower levels capped at the median, the upper ones
     floored at it (so the median stays), then sorted along the last axis."""
@@ -153,13 +174,26 @@ def aci(
     out = np.zeros((*pred.shape[:2], p))
     out[at[at >= 0]] = off[at >= 0]
     counted = np.maximum(seen, np.where(np.isfinite(y), ends, np.iinfo(np.int64).min).max(axis=1))
-    # a window with a step after the state holds its offsets: its outcome there will count by them
     later = (at >= 0) & (ends > counted[:, None, :]).any(axis=2)
-    pending = [
-        {int(origin[at[g, t]]): off[g, t].tolist() for t in np.flatnonzero(later[g])}
-        for g in range(k)
+    mis = alpha + gamma * gained[:, n]
+    return out, _state(state or {}, order, mis, counted, *_pending(later, at, origin, off, lo, hi))
+
+
+def _pending(
+    later: np.ndarray, at: np.ndarray, origin: np.ndarray, *held: np.ndarray
+) -> tuple[list[dict[int, list]], list[dict[int, list]]]:
+    """By name, of each window with a step after the state's time (`later` [k, n]), by origin:
+    its offsets (its outcomes there will count by them) and the model's interval ends (a replay
+    from the state need not run the model on it again); `held`: the offsets, lo and hi [k, n,
+    H, P]."""
+    off, lo, hi = held
+    rows = [np.flatnonzero(r) for r in later]
+    pending = [{int(origin[at[g, t]]): off[g, t].tolist() for t in r} for g, r in enumerate(rows)]
+    bounds = [
+        {int(origin[at[g, t]]): [lo[g, t].tolist(), hi[g, t].tolist()] for t in r}
+        for g, r in enumerate(rows)
     ]
-    return out, _state(state or {}, order, alpha + gamma * gained[:, n], counted, pending)
+    return pending, bounds
 
 
 def _in_time(
@@ -220,18 +254,20 @@ def _state(
     miscoverage: np.ndarray,
     seen: np.ndarray,
     pending: list[dict[int, list]],
+    bounds: list[dict[int, list]],
 ) -> dict[str, Any]:
     """The stored state (`adapted`), the names in `order` updated, others kept; POOLED their
     mean. `pending`: by name, the offsets [H][P] of each window (by its origin, a string in
-    JSON) with a step after the state's time."""
+    JSON) with a step after the state's time; `bounds`: the model's [lo, hi] [2][H][P] there."""
     state = {n: v for n, v in before.items() if n != POOLED}
     none = np.iinfo(np.int64).min
-    for m, mis, ns, held in zip(order, miscoverage, seen, pending, strict=True):
+    for m, mis, ns, held, ends in zip(order, miscoverage, seen, pending, bounds, strict=True):
         if (ns > none).any():  # a name with an outcome counted
             state[str(m)] = {
                 "miscoverage": mis.tolist(),
                 "seen_ns": [int(v) for v in ns],
                 "pending": {str(o): v for o, v in held.items()},
+                "bounds": {str(o): v for o, v in ends.items()},
             }
     if state:
         mean = np.mean([v["miscoverage"] for v in state.values()], axis=0)

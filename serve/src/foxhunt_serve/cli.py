@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from foxhunt_serve.errors import InputError
 from foxhunt_serve.files import write_atomic
-from foxhunt_serve.forecast import predict
+from foxhunt_serve.forecast import BATCH, predict
 
 MODEL_FILES = ("model.json", "model.onnx")  # what `foxhunt export` writes into EXPORT_DIR
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("data", type=Path, help="a Parquet file of bars")
     p.add_argument("out", type=Path, help="the predictions Parquet file to write")
     p.add_argument("--all-windows", action="store_true", help="every window, not the latest")
-    p.add_argument("--batch-size", type=int, default=256, help="windows per ONNX Runtime run")
+    p.add_argument("--batch-size", type=int, default=BATCH, help="windows per ONNX Runtime run")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: its own)")
     p.add_argument(
         "--overwrite",

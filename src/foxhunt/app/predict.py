@@ -51,6 +51,7 @@ from foxhunt_serve import (
     output,
     recent_rows,
     series_rows,
+    stored_outputs,
 )
 from omegaconf import DictConfig, OmegaConf
 
@@ -388,7 +389,11 @@ class Predictor:
         todo = Todo.of(cal, all_windows)
         unseen = forecasts_unseen(self.model, self.schema)
         windows = build_windows(table, cfg, self.schema, todo.every, unseen, replay=todo.replay)
-        forecast = self._forward(windows.dataset, progress)
+        held = None
+        if todo.replay is not None:  # the windows whose outputs ACI's state holds: not run
+            shape = (len(windows.origin_ns), self.schema.prediction_length, len(self.quantiles))
+            held = stored_outputs(cal, windows.instrument, windows.origin_ns, shape)
+        forecast = self._forward(windows.dataset, progress, held)
         normalized = self._calibrated(forecast, windows, todo.replay is not None)
         center, scale = self._target(windows)
         values = normalized.astype(np.float64) * scale[:, None, None] + center[:, None, None]
@@ -463,23 +468,33 @@ class Predictor:
             self._planned[limit] = best
         return self._planned[limit]
 
-    def _forward(self, dataset: WindowDataset, progress: bool | None) -> np.ndarray:
-        """Normalized quantile forecasts [windows, H, Q], as the model gives them."""
+    def _forward(
+        self,
+        dataset: WindowDataset,
+        progress: bool | None,
+        held: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Normalized quantile forecasts [windows, H, Q], as the model gives them (`held`: the
+        windows whose outputs are given, `foxhunt_serve.stored_outputs`: not run)."""
         from tqdm.auto import tqdm
 
-        n = len(dataset)
+        rows = np.arange(len(dataset)) if held is None else np.flatnonzero(~held[0])
+        n = len(rows)
         batch_size = self.batch_size_for(n)
         if progress is None:
             progress = n > batch_size and sys.stderr.isatty()
-        out = np.empty((n, self.schema.prediction_length, len(self.quantiles)), np.float32)
+        shape = (len(dataset), self.schema.prediction_length, len(self.quantiles))
+        out = np.empty(shape, np.float32)
         with (
             torch.inference_mode(),
             tqdm(total=n, unit="window", desc="predict", disable=not progress) as bar,
         ):
             for start in range(0, n, batch_size):
-                stop = min(start + batch_size, n)
-                batch = dataset.__getitems__(list(range(start, stop)))
+                at = rows[start : start + batch_size]
+                batch = dataset.__getitems__(at.tolist())
                 x = {k: batch[k].to(self.device) for k in MODEL_INPUTS}
-                out[start:stop] = self.model(x).float().cpu().numpy()
-                bar.update(stop - start)
+                out[at] = self.model(x).float().cpu().numpy()
+                bar.update(len(at))
+        if held is not None:
+            out[held[0]] = held[1][held[0]]
         return out

@@ -174,10 +174,11 @@ def deciles(panel: Panel) -> list[float | None]:
     return [float(s / c) if c else None for s, c in zip(sums, counts, strict=True)]
 
 
-def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str, Any]]:
+def ic_by_horizon(table: pa.Table, target_kind: str) -> list[dict[str, Any]]:
     """Each horizon's long-short rank IC by date: the forecast's median move against the
     realised one, over the origin's level for a level target (the returns the book trades):
-    its mean, ICIR (mean over standard deviation across dates), Newey-West t and dates."""
+    its mean, ICIR (mean over standard deviation across dates), Newey-West t over h dates at
+    horizon h (its moves overlap h - 1 dates) and dates."""
     median = quantile_column(min(quantile_levels(table), key=lambda q: abs(q - 0.5)))
     naive = table["naive"].to_numpy().astype(np.float64)
     base = naive if target_kind == "level" else np.ones_like(naive)
@@ -188,7 +189,7 @@ def ic_by_horizon(table: pa.Table, target_kind: str, lags: int) -> list[dict[str
     out = []
     for h in np.unique(horizon):
         rows = horizon == h
-        s = stats.ic(forecast[rows], realised[rows], origin[rows], lags=lags, rank=True)
+        s = stats.ic(forecast[rows], realised[rows], origin[rows], lags=int(h), rank=True)
         out.append(
             {
                 "horizon": int(h),
@@ -269,10 +270,9 @@ def book(
         theirs = Panel.of(held_bars(baseline, target_kind, lag), rank)
         out["best_baseline"] = run_book(theirs, weights(theirs, top, scheme, least), cost)
     out["market"] = market(panel, cost)
-    h = int(table["horizon"].to_numpy().max()) if table.num_rows else 1
-    out["ic_by_horizon"] = ic_by_horizon(table, target_kind, lags=h)
+    out["ic_by_horizon"] = ic_by_horizon(table, target_kind)
     if baseline is not None:  # the same dates, the strongest baseline's median
-        out["best_baseline_ic_by_horizon"] = ic_by_horizon(baseline, target_kind, lags=h)
+        out["best_baseline_ic_by_horizon"] = ic_by_horizon(baseline, target_kind)
     out["deciles"] = deciles(panel)
     return out
 
