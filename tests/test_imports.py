@@ -33,6 +33,7 @@ LAYERS = [
             "app.assemble",
             "app.ddp",
             "app.predict",
+            "app.after_test",
             "app.inference",
             "app.interpret",
             "app.report",

@@ -222,6 +222,26 @@ def test_the_latest_forecasts_read_only_the_rows_they_need(neutral, monkeypatch)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 
 
+@pytest.mark.slow  # trains and exports a 40-name model (about 40 CPU-s): the full tier
+def test_the_file_trained_on_is_served_by_running_each_name_s_latest_window_alone(neutral):
+    """#68: ACI's state holds the model's outputs of the test windows pending at its time and
+    of the windows after the test split (`foxhunt.app.after_test`): the consumer serving the
+    file the run trained on runs the model on one window a name."""
+    pytest.importorskip("onnxruntime")
+    from foxhunt_serve import forecast
+
+    served, ran = forecast.Forecaster(neutral.onnx), []
+    session = served.session
+
+    def run(names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        ran.append(len(feed["encoder_observed"]))
+        return session.run(names, feed)
+
+    served.session = SimpleNamespace(run=run)
+    got = served.predict(neutral.panel)
+    assert sum(ran) == len(set(got["instrument"].to_pylist())) > 0
+
+
 def test_a_model_trained_without_a_cross_section_serves_a_partial_last_time_as_given(
     tiny_run, caplog
 ):

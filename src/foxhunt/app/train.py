@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from foxhunt.app import tracking
+from foxhunt.app.after_test import hold_after_test
 from foxhunt.app.assemble import Assembled, Resumed, assemble, check_same_model, plain
 from foxhunt.app.ddp import before_other_processes, srun_tasks_match
 from foxhunt.app.report import report_run
@@ -230,6 +231,7 @@ def finish(
         )
         summary["metrics"] |= judged.pop("metrics")
         summary |= judged
+        hold_after_test(calibration, module, datamodule, cfg)  # before the state is written
         calibrated = calibration.to_dict()
         summary |= export_best(
             cfg, parts.precision, module, datamodule, fitted.tested, run, calibrated
