@@ -211,7 +211,9 @@ def test_a_job_cancelled_mid_trial_fails_and_its_trial_runs_again(cluster, tmp_p
     done = trials(args)
     complete = [t for t in done if t.state == TrialState.COMPLETE]
     killed = [t for t in done if t.state == TrialState.FAIL]
-    assert len(complete) == 4 and len(killed) == 1, [(t.number, t.state) for t in done]
+    seen = [(t.number, t.state.name, t.user_attrs.get("slurm_job"), t.user_attrs.get("failed"))
+            for t in done]  # fmt: skip
+    assert len(complete) == 4 and len(killed) == 1, (victim, seen)
     assert killed[0].user_attrs["slurm_job"] == victim
     retry = [t for t in complete if t.user_attrs.get("retry_of") == killed[0].number]
     assert len(retry) == 1 and retry[0].params == killed[0].params

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf, open_dict
 from optuna.trial import TrialState
 
 from foxhunt.app import tune
+from foxhunt.app.study import ended
 from foxhunt.app.backtest import plan_folds
 from foxhunt.app.train import train
 from foxhunt.config import register_configs
@@ -169,6 +170,28 @@ def test_the_study_never_reads_a_test_period(tmp_path):
     assert summary["trials_completed"] == 2
     fold = json.loads(next((tmp_path / "tune").glob("*/trial-0/fold-1/summary.json")).read_text())
     assert fold["splits"]["cuts"]["test_end"] == fold["splits"]["cuts"]["test_start"]
+
+
+@pytest.mark.parametrize(
+    ("runs", "gone"),
+    [
+        ("", False),  # accounting has not heard of the job yet
+        ("PENDING\n", False),  # queued, or started before accounting recorded it (CI, #68)
+        ("RUNNING\n", False),
+        ("COMPLETING\n", False),
+        ("CANCELLED by 0\n", True),
+        ("TIMEOUT\n", True),
+        ("OUT_OF_MEMORY\n", True),
+        ("COMPLETED\n", True),
+        ("REQUEUED\n", True),  # its run killed, the next not yet recorded
+        ("REQUEUED\nPENDING\n", True),  # its run killed, waiting to run again
+        ("REQUEUED\nRUNNING\n", False),  # a new run (an old trial: its heartbeat tells)
+    ],
+)
+def test_a_trials_slurm_job_counts_as_ended_only_in_a_state_it_cannot_leave(runs, gone):
+    """`sacct -D`'s states of the job that ran a running trial: only an ended run (or a
+    requeued job waiting) lets another worker fail the trial and queue it again."""
+    assert ended(runs) is gone
 
 
 @pytest.mark.slow  # a whole study: trials trained end to end

@@ -155,22 +155,36 @@ def recover(study: optuna.Study, grace_s: float) -> None:
 
 
 def _slurm_job_ended(job: str | None) -> bool:
-    """Whether the SLURM job that ran a trial has ended, cancelled, failed, or was requeued
-    (its trial then runs no more), by the cluster's accounting; False where sacct cannot say."""
+    """Whether the SLURM job that ran a trial has ended (cancelled, failed, completed...) or was
+    requeued and waits to run again (its trial then runs no more), by the cluster's accounting
+    (every run of it: sacct -D); False where sacct cannot say."""
     if job is None or shutil.which("sacct") is None:
         return False
     try:
         done = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job],
+            ["sacct", "-n", "-X", "-P", "-D", "-o", "State", "-j", job],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except subprocess.TimeoutExpired:
         return False
-    lines = done.stdout.split("\n")  # its state, such as "CANCELLED by 0"
-    state = lines[0].split()[0] if done.returncode == 0 and lines[0].strip() else "RUNNING"
-    return state not in ("RUNNING", "COMPLETING")
+    return done.returncode == 0 and ended(done.stdout)
+
+
+# the states of a job that has not ended: PENDING too, which accounting also says of a job
+# whose start it has not recorded yet (a worker's recover then failed a live trial: CI, #68)
+LIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING", "STOPPED"}
+
+
+def ended(sacct: str) -> bool:
+    """From `sacct -n -X -P -D -o State`'s output (a line a run of the job, the latest last;
+    such as "CANCELLED by 0"): whether its latest run ended, or it waits after a requeue."""
+    states = [line.split()[0] for line in sacct.splitlines() if line.strip()]
+    if not states:
+        return False  # accounting does not know it yet
+    requeued = "REQUEUED" in states[:-1] and states[-1] == "PENDING"
+    return requeued or states[-1] not in LIVE
 
 
 def _alive(pid: int) -> bool:
