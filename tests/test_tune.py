@@ -21,8 +21,8 @@ from omegaconf import OmegaConf, open_dict
 from optuna.trial import TrialState
 
 from foxhunt.app import tune
-from foxhunt.app.study import ended
 from foxhunt.app.backtest import plan_folds
+from foxhunt.app.study import ended
 from foxhunt.app.train import train
 from foxhunt.config import register_configs
 from foxhunt.data.read import timeline
