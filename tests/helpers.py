@@ -524,3 +524,40 @@ def launcher_env() -> dict[str, str]:
     tests' thread pin, so foxhunt sizes each rank's threads itself."""
     drop = ("HYDRA_FULL_ERROR", "OMP_NUM_THREADS", "FOXHUNT_THREADS")
     return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def walked_from_the_run_s_start(ckpt: Path, path: Path, run: Path) -> tuple[pa.Table, pa.Table]:
+    """#68's parity: each name's latest forecasts of `path` from ACI's stored state (the test
+    windows pending then and the windows after the test split held, the rest cut) against ACI
+    walked over every window from where the run's began (the nominal level at the name's first
+    test window in `run`'s test_forecasts.parquet), asserted equal to float32 rounding for the
+    names with a state of their own; returns those two tables. A replay of the whole file
+    differs from both by where its level stood at that window: tests/evaluation/
+    test_calibration.py bounds that, docs/export.md measures it."""
+    from foxhunt_serve import POOLED
+
+    import foxhunt
+
+    predictor = foxhunt.load(ckpt)
+    resumed = predictor.predict(path)
+    cal = predictor.calibration
+    test = pq.read_table(run / "test_forecasts.parquet")
+    names, horizon = test["instrument"].to_numpy(), test["horizon"].to_numpy()
+    origin, target = (test[c].cast(pa.int64()).to_numpy() for c in ("origin_time", "target_time"))
+    nominal = [cal.alphas.tolist()] * (horizon.max() + 1 - horizon.min())
+    start = {POOLED: {"miscoverage": nominal, "seen_ns": None}}
+    for name in set(cal.state) - {POOLED}:
+        first = (names == name) & (origin == origin[names == name].min())
+        steps = target[first][np.argsort(horizon[first])]
+        start[name] = {"miscoverage": nominal, "seen_ns": (steps - 1).tolist()}
+    cal.state = start  # outcomes counted up to the first test window's: none of the run's
+    walked = predictor.predict(path)
+    own = pa.array(np.isin(resumed["instrument"].to_numpy(), list(start)))
+    got, want = resumed.filter(own), walked.filter(own)
+    assert got.num_rows > 0
+    for column in ("instrument", "origin_time", "horizon", "target_time"):
+        assert got[column].equals(want[column]), column
+    quantiles = [c for c in got.column_names if c.startswith("q")]
+    a, b = (np.column_stack([t[q].to_numpy() for q in quantiles]) for t in (got, want))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+    return got, want

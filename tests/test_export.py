@@ -74,6 +74,7 @@ from tests.helpers import (  # noqa: E402
     session_times,
     shared_dir,
     tiny_overrides,
+    walked_from_the_run_s_start,
     write_table,
 )
 
@@ -885,6 +886,16 @@ def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
         cfg.futures.roll.strict = True
         with pytest.raises(port["InputError"], match="contracts ESH6 and ESM6 overlap on"):
             port["continuous"](table, data_section(cfg, footer_schema(cfg)))
+
+
+@pytest.mark.slow  # two predicts of the sample: the full tier
+def test_the_sample_s_latest_forecasts_from_the_state_are_aci_walked_from_where_the_run_began(
+    futures,
+):
+    """#68's parity on the ES sample (tests.helpers.walked_from_the_run_s_start): ES's latest
+    forecasts from ACI's stored state are ACI walked from the run's test split."""
+    got, _ = walked_from_the_run_s_start(futures.ckpt, futures.data, futures.root / "run")
+    assert got["instrument"].to_pylist() == ["ES"] * H
 
 
 @pytest.mark.slow  # 6 CPU-s: the full tier

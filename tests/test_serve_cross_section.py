@@ -23,7 +23,7 @@ from foxhunt_serve.windows import check_history
 import foxhunt
 import foxhunt.app.predict as app_predict
 from foxhunt.data.sample import stock_panel_table
-from tests.helpers import TINY_MODEL, make_table, run_cli, run_script
+from tests.helpers import TINY_MODEL, make_table, run_cli, run_script, walked_from_the_run_s_start
 
 TIMES, NAMES, H = 30, 40, 4
 QUANTILES = ("q0.1", "q0.5", "q0.9")
@@ -240,6 +240,16 @@ def test_the_file_trained_on_is_served_by_running_each_name_s_latest_window_alon
     served.session = SimpleNamespace(run=run)
     got = served.predict(neutral.panel)
     assert sum(ran) == len(set(got["instrument"].to_pylist())) > 0
+
+
+@pytest.mark.slow  # trains and exports a 40-name model (about 40 CPU-s): the full tier
+def test_the_latest_forecasts_from_the_state_are_aci_walked_from_where_the_run_began(neutral):
+    """#68's parity on a panel (tests.helpers.walked_from_the_run_s_start): the names with a
+    state of their own; those delisted before the test split start from POOLED's."""
+    path = neutral.tmp / "parity.parquet"
+    pq.write_table(neutral.panel, path)
+    got, want = walked_from_the_run_s_start(neutral.ckpt, path, neutral.tmp / "run")
+    assert 0 < got.num_rows < NAMES * H
 
 
 def test_a_model_trained_without_a_cross_section_serves_a_partial_last_time_as_given(

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from foxhunt_serve.calibration import aci
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
@@ -271,3 +272,32 @@ def test_the_comparison_says_whether_calibration_helped():
     assert cal.compare(pred, {"x": worse}, y, QUANTILES, names)["methods"]["x"]["verdict"] == (
         "worse"
     )
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.floats(-0.2, 0.2), st.sampled_from([0.005, 0.05]), st.integers(0, 2**32 - 1))
+def test_aci_from_another_start_never_strays_further_and_forgets_it(shift, gamma, seed):
+    """Two ACI walks over the same windows and outcomes from levels `shift` apart (a replay of
+    the whole file, and the run's ACI that began at the test split from the nominal level,
+    where predict resumes: #68). A lower miscoverage is a wider interval, which misses no more
+    often, so the gap in each name's level never grows past the start's, give or take gamma
+    for each outcome in flight (H a window); after 5 / gamma windows little of it is left."""
+    rng = np.random.default_rng(seed)
+    pred_c, y_c, names_c = panel(rng, 300, 2, 1.0)
+    fitted = cal.fit(pred_c, y_c, names_c, QUANTILES, "aci", gamma=gamma, min_windows=100)
+    windows = int(5 / gamma)
+    names = np.repeat(["I0", "I1"], windows)
+    origin = np.tile(np.arange(windows) * STEP, 2)
+    target = origin[:, None] + STEP * np.arange(1, H + 1)
+    pred, y, _ = panel(rng, len(names), 1, 1.0)
+    c, key = vars(fitted) | {"grid_levels": cal.GRID}, {n: fitted.key(n) for n in ("I0", "I1")}
+    start = np.clip(fitted.alphas + shift, 0, 1).tolist()
+    seen = [int(origin.min())] * H  # no outcome counted yet
+    states = {n: {"miscoverage": [start] * H, "seen_ns": seen, "pending": {}} for n in ("I0", "I1")}
+    plain = aci(pred, y, names, origin, target, c, key)[1]
+    shifted = aci(pred, y, names, origin, target, c, key, states)[1]
+    gap = np.abs(
+        np.subtract(*(np.array([s[n]["miscoverage"] for n in key]) for s in (plain, shifted)))
+    )
+    assert gap.max() <= max(abs(shift), gamma * H) + 1e-12
+    assert gap.mean() <= 0.25 * abs(shift) + gamma * H
