@@ -8,7 +8,9 @@ whichever study ran them (every study's "default" is the same cells).
 Studies (`STUDIES`) name their data sets and their configurations (a label and overrides);
 every cell adds `BASE` and the overrides given here. Data sets are generated, never downloaded
 (`DATASETS`): `planted250`, the 250-name daily panel of `benchmarks/planted_panel.py` with a
-weak planted alpha (pooled correlation about 0.1 with the next bar's return); `indices`, #25's
+weak planted alpha (pooled correlation about 0.1 with the next bar's return); `real250`, #69's
+realistic panel (`benchmarks/realistic_panel.py`: reversal, momentum and low volatility, each a
+rank IC by date of 0.02-0.04); `indices`, #25's
 daily planted case (real S&P 500 and NASDAQ bars from the `arch` package's files, a signal
 correlated 0.71); `control_<name>`, each positive control's panel
 (`foxhunt.evaluation.controls`). A data set's seed is the cell's seed (for `indices`, of the
@@ -44,6 +46,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.bench_real_daily import write_indices
 from benchmarks.planted_panel import drift_panel_table, plant_signal, write_planted_panel
+from benchmarks.realistic_panel import write_realistic_panel
 from foxhunt.evaluation.controls import CONTROLS, make_control
 from foxhunt.evaluation.forecasts import quantile_levels
 
@@ -64,6 +67,13 @@ def _drift250(work: Path, seed: int) -> list[str]:
     """The same panel with a slow alpha in its prices (`plant_drift`: the oracle's correlation
     0.3 with the next bar's return, persistence 0.97, observed with correlation 0.5)."""
     return write_planted_panel(work / "panel.parquet", drift_panel_table(seed=seed))
+
+
+def _real250(work: Path, seed: int) -> list[str]:
+    """#69's realistic panel (`benchmarks/realistic_panel.py`): short-term reversal, momentum
+    and the low-volatility effect planted, each alone a rank IC by date of 0.02-0.04; OHLCV and
+    the sector, no observed column."""
+    return write_realistic_panel(work / "panel.parquet", names=250, days=1500, seed=seed)
 
 
 def _indices(work: Path, seed: int) -> list[str]:
@@ -90,6 +100,7 @@ def _control(name: str) -> Callable[[Path, int], list[str]]:
 DATASETS: dict[str, Callable[[Path, int], list[str]]] = {
     "planted250": _planted250,
     "drift250": _drift250,
+    "real250": _real250,
     "indices": _indices,
     **{f"control_{name}": _control(name) for name in CONTROLS},
 }
@@ -119,7 +130,10 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
     ),
     "drift": (("drift250",), {"default": ()}),
     # #67: the recipe as a user gets it (its auto target), judged like for like on raw returns
-    "verdict": (("drift250", "planted250"), {"auto target": ("data.target_transform=auto",)}),
+    "verdict": (
+        ("drift250", "planted250", "real250"),
+        {"auto target": ("data.target_transform=auto",)},
+    ),
     "cross_section": (
         ("drift250", "planted250"),
         {
