@@ -16,7 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve import recent_rows, replay_plan
 from foxhunt_serve import windows as serve_windows
-from foxhunt_serve.cross_section import MIN_SHARE, STOP_SHARE, complete_rows, last_complete
+from foxhunt_serve.cross_section import (
+    CONTEXT,
+    MIN_SHARE,
+    STOP_SHARE,
+    complete_rows,
+    last_complete,
+)
 from foxhunt_serve.read import iso_time
 from foxhunt_serve.windows import check_history
 
@@ -119,7 +125,7 @@ def test_a_file_of_30_of_the_250_trained_names_warns_once(caplog):
 @pytest.fixture(scope="module")
 def neutral(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """A tiny model trained on a 40-name panel (staggered listings, halts, delistings) with
-    ranked inputs and a market-neutral target, and its ONNX export."""
+    ranked inputs, the market's context and a market-neutral target, and its ONNX export."""
     tmp = tmp_path_factory.mktemp("served")
     panel = stock_panel_table(NAMES, days=300, seed=3)
     pq.write_table(panel, tmp / "panel.parquet")
@@ -131,6 +137,7 @@ def neutral(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         "data.features=ohlcv",
         "data.cross_section=rank",
         "data.target_transform=xs_demean",
+        "data.market_context=true",
         "data.encoder_length=16",
         f"data.prediction_length={H}",
         *TINY_MODEL,
@@ -208,6 +215,7 @@ def test_the_latest_forecasts_read_only_the_rows_they_need(neutral, monkeypatch)
     are theirs from the whole file, to float32 rounding; predict's are the consumer's."""
     pytest.importorskip("onnxruntime")
     meta = json.loads((neutral.onnx / "model.json").read_text())
+    assert {meta["features"][c]["source"] for c in CONTEXT} == {"context"}  # made, not read
     plan = replay_plan(meta["calibration"])
     e, h = meta["encoder_length"], meta["prediction_length"]
     assert recent_rows(neutral.panel, meta["data"], e, h, plan).num_rows < neutral.panel.num_rows

@@ -172,7 +172,7 @@ def _check_inputs(d: Any) -> None:
         )
     across = [
         f"data.{k}={d[k]}" for k in ("cross_section", "target_transform") if d[k] not in NOT_ACROSS
-    ]
+    ] + (["data.market_context=true"] if d.get("market_context") else [])
     _check(
         not across or (d.group_column and str(d.lazy).lower() != "true"),
         f"{' and '.join(across)} compare the names at each time: it needs data.group_column "

@@ -11,9 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 import lightning as L
-
-# the names at a time that make a panel: auto's target transform and book, book_min_names
-from foxhunt_serve import PANEL_NAMES as PANEL_NAMES
+from foxhunt_serve import PANEL_NAMES as PANEL_NAMES  # a panel's names: auto's transform, book
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -169,10 +167,11 @@ class DataConfig:
     # each instrument's target on its own training rows' scale, which the model also sees as a
     # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)
     target_scale: TargetScale = TargetScale.instrument
-    # each date's cross-section (foxhunt.data.cross_section): every observed input's rank or
-    # z-score among the names at its time beside it; the target less their mean, or its rank;
-    # auto: less their mean on a panel of returns (PANEL_NAMES names)
+    # each date's cross-section (foxhunt.data.cross_section): every input's rank or z-score
+    # among the names then beside it; the names' mean target, dispersion and breadth as inputs;
+    # the target less their mean, or its rank (auto: less their mean on a panel of returns)
     cross_section: CrossSection = CrossSection.none
+    market_context: bool = False
     target_transform: TargetTransform = TargetTransform.auto
     features: Any = "all"  # "all" | "ohlcv" | [column, ...]
     # columns of the file as observed inputs beside `features` (your signals, say)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from foxhunt_serve.cross_section import by_date
+from foxhunt_serve.cross_section import CONTEXT, by_date
 from scipy.stats import rankdata
 
 from foxhunt.config import DataConfig
@@ -84,6 +84,35 @@ def test_every_date_of_the_panel_is_ranked_among_the_names_trading_then(panel):
                 assert np.all(np.diff(ranks[here, j][np.argsort(raw[here, j])]) >= 0)
 
 
+def test_the_market_context_is_every_date_s_mean_dispersion_and_breadth_of_the_names(panel):
+    """data.market_context=true (#69): three inputs every name shares at a date, of the names'
+    raw targets there, across a panel whose names list, halt and delist at different dates;
+    under a market-neutral target too (taken before it)."""
+    plain = read_data(_cfg(panel))
+    loaded = read_data(_cfg(panel, market_context=True, target_transform="xs_demean"))
+    n = len(plain.observed)
+    assert loaded.observed == plain.observed + list(CONTEXT)
+    series, times = _by_time(loaded)
+    context = np.concatenate([s.observed[:, n:] for s in series])
+    raw = np.concatenate([s.target for s in plain.series]).astype(np.float64)
+    names = np.bincount(np.unique(times, return_inverse=True)[1])
+    assert names.min() < names.max()
+    for t in np.unique(times)[::5]:
+        here = times == t
+        r = raw[here][np.isfinite(raw[here])]
+        want = [r.mean(), r.std(), (r > 0).mean()] if len(r) else [0, 0, 0]
+        np.testing.assert_allclose(context[here], np.tile(want, (here.sum(), 1)), atol=1e-9)
+
+
+def test_a_market_context_column_the_data_already_has_is_one_error(tmp_path):
+    table = stock_panel_table(12, days=60, seed=1)
+    table = table.append_column("xs_market_mean", pa.array(np.zeros(table.num_rows)))
+    pq.write_table(table, tmp_path / "p.parquet")
+    cfg = _cfg(tmp_path / "p.parquet", extra_features=["xs_market_mean"], market_context=True)
+    with pytest.raises(ConfigError, match="adds the input.s. xs_market_mean, which the data"):
+        read_data(cfg)
+
+
 def test_a_level_target_is_not_made_market_neutral(tmp_path):
     table = stock_panel_table(5, days=60, seed=1)
     pq.write_table(table, tmp_path / "p.parquet")
@@ -96,11 +125,12 @@ def test_a_level_target_is_not_made_market_neutral(tmp_path):
 @pytest.mark.parametrize(
     "overrides", [("data.lazy=true",), ("data.group_column=null",)], ids=["lazy", "one series"]
 )
-def test_cross_sections_need_the_names_in_memory(overrides):
+@pytest.mark.parametrize("asked", ["data.cross_section=zscore", "data.market_context=true"])
+def test_cross_sections_need_the_names_in_memory(overrides, asked):
     from foxhunt.config import validate
 
-    cfg = compose_train("data.cross_section=zscore", *overrides)
-    with pytest.raises(ConfigError, match="data.cross_section=zscore compare the names"):
+    cfg = compose_train(asked, *overrides)
+    with pytest.raises(ConfigError, match=f"{asked} compare the names"):
         validate(cfg)
 
 

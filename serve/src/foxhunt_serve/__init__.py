@@ -37,7 +37,14 @@ from foxhunt_serve.calibration import POOLED, in_order, replay_plan, stored_outp
 from foxhunt_serve.calibration import adapted as adapted_state
 from foxhunt_serve.calibration import apply as calibrate
 from foxhunt_serve.clock import Clock, Sessions, changes, learn_open
-from foxhunt_serve.cross_section import PANEL_NAMES, by_date, complete_rows, name_of, panel
+from foxhunt_serve.cross_section import (
+    CONTEXT,
+    PANEL_NAMES,
+    by_date,
+    complete_rows,
+    name_of,
+    panel,
+)
 from foxhunt_serve.errors import DataError, InputError, WriteError
 from foxhunt_serve.features import CALENDAR, FAMILIES, Ohlcv, calendar, warmup
 from foxhunt_serve.files import TMP_SUFFIX, atomic_file, write_atomic
@@ -93,6 +100,7 @@ from foxhunt_serve.windows import (
 __all__ = [
     "ADJUSTMENTS",
     "CALENDAR",
+    "CONTEXT",
     "Clock",
     "Continuous",
     "Contract",

@@ -9,6 +9,10 @@ consumer here, so the three agree (model.json's data section: `cross_section`,
   alone at its time, or one among equal values, gets 0. Named `<input>_xs_<how>`.
 - target `xs_demean`: the target less the mean of the names' targets at its time (a
   market-neutral return, in each name's units); `xs_rank`: its rank there, scaled as above.
+- `market_context` (CONTEXT): three inputs every name at a time shares, of the names' targets
+  there before any transform: their mean (the market's move), their standard deviation (the
+  dispersion) and the share above 0 (the breadth). A name alone at its time: its own target,
+  0 and 0 or 1.
 
 At serve time (`complete_rows`: foxhunt's predict and the consumer; training reads a finished
 panel) two rules hold, for a model trained with either (model.json's data section); a model
@@ -76,6 +80,14 @@ PANEL_NAMES = 10
 MIN_SHARE = 0.5
 
 
+# data.market_context's inputs, by the statistic of the names' targets at a time each is
+CONTEXT = {
+    "xs_market_mean": "mean",
+    "xs_market_dispersion": "dispersion",
+    "xs_market_breadth": "breadth",
+}
+
+
 def name_of(feature: str, how: str) -> str:
     """The cross-sectional input of `feature` (data.cross_section=`how`)."""
     return f"{feature}_xs_{how}"
@@ -106,33 +118,51 @@ def by_date(values: np.ndarray, at: np.ndarray, how: str) -> np.ndarray:
     return np.where(spread, (values - mean) / np.where(spread, std, 1.0), 0.0)
 
 
+def summary(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """[n, 3] CONTEXT's statistics of `values` [n] across the rows at each date `at` [n] (dense
+    date indices), the finite values counted (a date with none: 0)."""
+    ok = np.isfinite(values)
+    v = np.where(ok, values, 0.0)
+    count = np.bincount(at, ok)
+    per = np.maximum(count, 1)
+    mean = np.bincount(at, v) / per
+    var = np.maximum(np.bincount(at, v**2) / per - mean**2, 0.0)
+    breadth = np.bincount(at, ok & (v > 0)) / per
+    return np.column_stack([mean[at], np.sqrt(var)[at], breadth[at]])
+
+
 def panel(
     times: list[np.ndarray],
     targets: list[np.ndarray],
     inputs: list[np.ndarray],
     how: str,
     transform: str,
+    context: bool = False,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each series' (its `times`, `targets`, observed `inputs` [rows, k]) target after
-    `transform` (none, xs_demean, xs_rank) and its inputs' cross-sectional values [rows, k]
-    (`how`: none, rank, zscore; [rows, 0] for none), across every series at each time."""
+    `transform` (none, xs_demean, xs_rank) and its added inputs [rows, k (+ 3)]: the inputs'
+    cross-sectional values (`how`: none, rank, zscore; none for none), then with `context`
+    CONTEXT's of the targets before the transform, across every series at each time."""
     at = np.unique(np.concatenate(times), return_inverse=True)[1].ravel()
     bounds = np.cumsum([0, *(len(t) for t in times)])
-    target = np.concatenate(targets).astype(np.float64)
+    raw = target = np.concatenate(targets).astype(np.float64)
     if transform != "none":
         target = by_date(target, at, transform.removeprefix("xs_"))
     stacked = np.concatenate(inputs).astype(np.float64)
     added = stacked[:, :0]
     if how != "none" and stacked.shape[1]:
         added = np.column_stack([by_date(stacked[:, j], at, how) for j in range(stacked.shape[1])])
+    if context:
+        added = np.column_stack([added, summary(raw, at)])
     parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return [target[p] for p in parts], [added[p] for p in parts]
 
 
 def across_names(data: dict[str, Any]) -> bool:
     """Whether a model compares each name with the others at each time (model.json's data
-    section: data.cross_section or data.target_transform)."""
-    return any(data.get(k, "none") != "none" for k in ("cross_section", "target_transform"))
+    section: data.cross_section, data.target_transform or data.market_context)."""
+    compared = any(data.get(k, "none") != "none" for k in ("cross_section", "target_transform"))
+    return compared or bool(data.get("market_context", False))
 
 
 def last_complete(at: np.ndarray, name: np.ndarray, horizon: int) -> int:

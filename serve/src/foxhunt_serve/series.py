@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from foxhunt_serve.clock import Clock
-from foxhunt_serve.cross_section import panel
+from foxhunt_serve.cross_section import CONTEXT, panel
 from foxhunt_serve.errors import DataError
 from foxhunt_serve.features import Ohlcv, calendar
 from foxhunt_serve.futures import continuous
@@ -161,7 +161,7 @@ def _inputs(
         )
     made = {}
     for feature, spec in meta["features"].items():
-        if spec["role"] == "static" or spec["source"] == "cross_section":  # (`across`)
+        if spec["role"] == "static" or spec["source"] in ("cross_section", "context"):  # `across`
             continue
         if spec["source"] == "column":
             made[feature] = cols[spec["column"]]
@@ -205,14 +205,16 @@ def load_series(table: pa.Table, meta: dict[str, Any], path: str) -> list[Series
 
 
 def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
-    """`series` with the model's cross-sectional inputs and target transform (model.json's
-    data.cross_section and data.target_transform; `foxhunt_serve.cross_section`), computed
-    across every instrument in the data at each time, as foxhunt computed them in training;
-    under a transform the target it replaces kept as `raw_target`."""
+    """`series` with the model's cross-sectional inputs, market context and target transform
+    (model.json's data.cross_section, data.market_context and data.target_transform;
+    `foxhunt_serve.cross_section`), computed across every instrument in the data at each time,
+    as foxhunt computed them in training; under a transform the target it replaces kept as
+    `raw_target`."""
     data = meta["data"]
     how = data.get("cross_section", "none")
     transform = data.get("target_transform", "none")
-    if how == "none" and transform == "none":
+    context = bool(data.get("market_context", False))  # (model.json before it: none)
+    if how == "none" and transform == "none" and not context:
         return series
     made = [f for f, spec in meta["features"].items() if spec["source"] == "cross_section"]
     bases = [meta["features"][f]["of"] for f in made]
@@ -221,8 +223,9 @@ def across(series: list[Series], meta: dict[str, Any]) -> list[Series]:
         for s in series
     ]
     targets, added = panel(
-        [s.time_ns for s in series], [s.target for s in series], inputs, how, transform
+        [s.time_ns for s in series], [s.target for s in series], inputs, how, transform, context
     )
+    made += list(CONTEXT) if context else []
     kept = transform != "none"  # the raw target beside the transformed one, for the output
     return [
         replace(

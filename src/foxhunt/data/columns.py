@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from foxhunt_serve import CONTEXT
 
 from foxhunt.data.features import (
     OhlcvSpec,
@@ -226,6 +227,12 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
     """The role of every configured column, from the dataset's schema alone (no rows read)."""
     observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
     model_observed, model_known = model_inputs(cfg, observed, known)
+    taken = [c for c in CONTEXT if getattr(cfg, "market_context", False) and c in model_observed]
+    if taken:
+        raise ConfigError(
+            f"data.market_context=true adds the input(s) {', '.join(taken)}, which the data "
+            "already has: rename the column(s), or set data.market_context=false"
+        )
     sources = feature_sources(cfg, target, model_observed, model_known)
     sources |= {s: {"role": "static", "source": "column", "column": s} for s in static}
     data = {
@@ -269,8 +276,8 @@ def feature_sources(
 ) -> dict[str, dict[str, Any]]:
     """The target's and every observed and known input's role and source, by name: a `column`
     of the file, a `derived` OHLCV feature of a family and window, the `calendar` of the bar's
-    time, or the `cross_section` of the input `bases[name]` (`foxhunt_serve.series` makes
-    each)."""
+    time, the `cross_section` of the input `bases[name]`, or data.market_context's `context`
+    (`foxhunt_serve.series` makes each)."""
     spec = ohlcv_spec_of(cfg)
     derived, calendar = feature_plan(spec) if spec is not None else ([], [])
     spec_of = {f"{fam}_{w}": (fam, w) for fam, w in derived}
@@ -285,6 +292,8 @@ def feature_sources(
             source = {"source": "calendar"}
         elif role == "observed" and name in (bases or {}):
             source = {"source": "cross_section", "of": bases[name]}
+        elif role == "observed" and name in CONTEXT and getattr(cfg, "market_context", False):
+            source = {"source": "context", "stat": CONTEXT[name]}
         else:
             source = {"source": "column", "column": name}
         out[name] = {"role": role, **source}

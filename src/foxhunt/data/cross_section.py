@@ -1,7 +1,8 @@
 """Each date's cross-section of a panel (`foxhunt_serve.cross_section`, which the ONNX
 consumer shares): data.cross_section=rank|zscore adds every observed input's rank or z-score
-among the names at its time beside it; data.target_transform=xs_demean makes the target
-market-neutral, xs_rank its rank; auto (the default) is xs_demean on a panel (at least
+among the names at its time beside it; data.market_context=true adds the names' mean target,
+its dispersion and breadth at each time (`CONTEXT`); data.target_transform=xs_demean makes the
+target market-neutral, xs_rank its rank; auto (the default) is xs_demean on a panel (at least
 PANEL_NAMES names, `foxhunt.config`'s: the book's threshold too) with a return target, else none.
 
 One target, one rule:
@@ -27,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from foxhunt_serve import name_of, panel
+from foxhunt_serve import CONTEXT, name_of, panel
 
 from foxhunt.config import PANEL_NAMES
 from foxhunt.data.columns import resolve_target_kind
@@ -97,6 +98,9 @@ def refusal(cfg: Any, transform: str, names: int, why: str, fix: str) -> str:
     if how != "none":
         said.append(f"data.cross_section={how} adds each input's {how} among the names")
         off.append("data.cross_section=none")
+    if getattr(cfg, "market_context", False):
+        said.append("data.market_context=true adds the names' mean, dispersion and breadth")
+        off.append("data.market_context=false")
     if transform in SAID:
         on = f"{transform} on {names} names" if names else transform
         asked = getattr(cfg, "target_transform", transform)
@@ -117,10 +121,11 @@ def apply(loaded: Any, cfg: Any) -> Any:
     are none."""
     series = list(loaded.series)
     how = str(getattr(cfg, "cross_section", "none"))
+    context = bool(getattr(cfg, "market_context", False))
     asked = str(getattr(cfg, "target_transform", "none"))
     transform = _resolved(cfg, loaded.target_kind, len(series))  # PENDING: `settle` applies it
     _check_level(transform, loaded)
-    if how == "none" and transform in ("none", PENDING):
+    if how == "none" and transform in ("none", PENDING) and not context:
         return replace(loaded, series=series, target_transform=transform)
     if len(series) < PANEL_NAMES:  # a model trained so, given a few names (predict)
         shown = asked if transform == PENDING else transform
@@ -129,7 +134,11 @@ def apply(loaded: Any, cfg: Any) -> Any:
             "each time, so give it the panel it was trained on",
             " and ".join(
                 f"data.{k}={v}"
-                for k, v in (("cross_section", how), ("target_transform", shown))
+                for k, v in (
+                    ("cross_section", how),
+                    ("target_transform", shown),
+                    ("market_context", "true" if context else "none"),
+                )
                 if v != "none"
             ),
             len(series),
@@ -140,6 +149,7 @@ def apply(loaded: Any, cfg: Any) -> Any:
         [s.observed for s in series],
         how,
         "none" if transform == PENDING else transform,
+        context,
     )
     kept = transform != "none"
     out = [
@@ -154,6 +164,7 @@ def apply(loaded: Any, cfg: Any) -> Any:
     observed = list(loaded.observed)
     if how != "none":
         observed += [name_of(c, how) for c in loaded.observed]
+    observed += list(CONTEXT) if context else []
     return replace(loaded, observed=observed, series=out, target_transform=transform)
 
 

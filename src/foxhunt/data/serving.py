@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from foxhunt_serve import SCALE_INPUT
+from foxhunt_serve import CONTEXT, SCALE_INPUT
 
 from foxhunt.data.columns import (
     OHLCV_FIELDS,
@@ -43,6 +43,7 @@ def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
         # foxhunt_serve.cross_section: the inputs (their names and bases in `features`) and
         # the target, across the names at each time
         "cross_section": str(getattr(cfg, "cross_section", "none")),
+        "market_context": bool(getattr(cfg, "market_context", False)),
         "target_transform": "none" if schema is None else schema.target_transform,
     }
     if schema is None:
@@ -103,7 +104,9 @@ def columns_read(cfg: Any, schema: DataSchema) -> list[str]:
     if cfg.features == "ohlcv":
         floats += [getattr(cfg.ohlcv, f) for f in OHLCV_FIELDS]
     elif cfg.features == "all":
-        floats += [*schema.observed, *(c for c in schema.dropped if c not in schema.known)]
+        made = set(CONTEXT) if getattr(cfg, "market_context", False) else set()
+        own = [c for c in schema.observed if c not in made and _across(c, cfg, schema) is None]
+        floats += [*own, *(c for c in schema.dropped if c not in schema.known)]
     else:
         floats += list(cfg.features)
     columns = {cfg.time_column: pa.timestamp("ns")}
