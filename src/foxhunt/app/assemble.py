@@ -89,7 +89,8 @@ def assemble(
     )
     precision.check_device(trainer.strategy.root_device)  # before any data is read
     tracking.log_config(cfg, trainer.loggers)  # logger=mlflow: the config as the run's params
-    datamodule = ParquetDataModule(cfg.data, schema=resumed.schema, seed=cfg.seed)
+    by_date = float(cfg.optim.get("xs_weight", 0.0)) > 0  # its loss term ranks a date's names
+    datamodule = ParquetDataModule(cfg.data, resumed.schema, cfg.seed, by_date)
     datamodule.setup()
     for warning in filter(None, [datamodule.zone_warning, *datamodule.target_warnings]):
         logging.getLogger(__name__).warning("data: %s", warning)  # once, at the start of training

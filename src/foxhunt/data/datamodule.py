@@ -37,10 +37,19 @@ class EpochShuffle(DistributedSampler):
     steps: the processes' batches of B together are the single-process batches of world x B.
     (A DistributedSampler subclass, so Lightning does not wrap it in another.)"""
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self, n: int, seed: int, rank: int = 0, world: int = 1, dates: np.ndarray | None = None
+    ) -> None:
         super().__init__(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
         self.n = n
         self.skip_epoch, self.skip = -1, 0
+        # [n] each window's date (optim.xs_weight): the dates in a fresh order each epoch, each
+        # one's windows together in a fresh order, so a batch holds one date's names (#69)
+        self.dates = (
+            None
+            if dates is None
+            else torch.from_numpy(np.unique(dates, return_inverse=True)[1].ravel())
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -55,6 +64,9 @@ class EpochShuffle(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(self.n, generator=g)
+        if self.dates is not None:  # by date, each date's windows as the permutation had them
+            date_order = torch.randperm(int(self.dates.max()) + 1, generator=g)
+            order = order[torch.sort(date_order[self.dates[order]], stable=True).indices]
         order = torch.cat([order, order[: self.total_size - self.n]])  # padding: < world indices
         order = order[self.rank :: self.num_replicas]
         if self.epoch == self.skip_epoch:
@@ -88,10 +100,13 @@ def _passthrough(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class ParquetDataModule(L.LightningDataModule):
     """Parquet market data as TFT windows; `schema` (from a checkpoint) fixes the normalization."""
 
-    def __init__(self, cfg: Any, schema: DataSchema | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, cfg: Any, schema: DataSchema | None = None, seed: int = 0, by_date: bool = False
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.seed = seed  # of the training shuffle
+        self.by_date = by_date  # training batches by date (optim.xs_weight; `EpochShuffle`)
         self.batch_size = cfg.batch_size  # the memory policy's batch-size search may change both
         self.val_batch_size = cfg.batch_size
         self.fixed_schema = schema
@@ -233,7 +248,7 @@ class ParquetDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size if split == "train" else self.val_batch_size,
-            sampler=EpochShuffle(n, self.seed, rank, world)
+            sampler=EpochShuffle(n, self.seed, rank, world, self._dates(dataset))
             if shuffle
             else EvalShard(n, rank, world),
             # its own generator: creating an iterator then draws no seed from the global RNG,
@@ -243,6 +258,13 @@ class ParquetDataModule(L.LightningDataModule):
             collate_fn=_passthrough,
             persistent_workers=self.cfg.num_workers > 0,
         )
+
+    def _dates(self, dataset: WindowDataset) -> np.ndarray | None:
+        """The training windows' origins (their encoders' last times), where batches go by date
+        (`by_date`)."""
+        if not self.by_date or dataset.time_ns is None:
+            return None
+        return dataset.time_ns[dataset.starts + len(dataset.enc_offsets) - 1].numpy()
 
     def _hold_out(self, share: float) -> None:
         """The validation windows whose first target falls in the last `share` of the

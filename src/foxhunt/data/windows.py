@@ -116,7 +116,7 @@ class WindowDataset(Dataset):
         self.embed = torch.from_numpy(series.embed)  # [series]
         # [series] each one's target scale in its own units (metrics in the target's units)
         self.target_scale = torch.from_numpy(series.scale.astype(np.float32))
-        # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation), never in a batch
+        # [rows] int64 ns UTC: for the baselines (foxhunt.evaluation); a batch's `origin`
         self.time_ns = time_ns
         # [rows] float64 in the target's units: the target before data.target_transform, for
         # the forecast table's raw `actual` (None: the target is raw), never in a batch
@@ -144,7 +144,7 @@ class WindowDataset(Dataset):
             "target_last": self.target[enc[:, -1]],
             "target_scale": self.target_scale[group],  # for metrics in the target's units
             "index": s,  # the window's first row: which sample this is
-        }
+        } | ({} if self.time_ns is None else {"origin": self.time_ns[enc[:, -1]]})
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}

@@ -61,6 +61,7 @@ class OptimHparams(TypedDict):
     schedule_epochs: int | None
     schedule_steps: NotRequired[int | None]
     gradient_clip_val: NotRequired[float | None]
+    xs_weight: NotRequired[float]  # #69's cross-sectional term (a checkpoint before: none)
 
 
 class PrecisionHparams(TypedDict):
@@ -340,6 +341,7 @@ class TFTModule(L.LightningModule):
                 backward=self.manual_backward,
                 runner=getattr(self, "_chunk_runner", None),
                 before_update=self._average_gradients,
+                xs_weight=float(self.hparams.optim.get("xs_weight", 0.0)),
             )
         scheduler = self.lr_schedulers()
         if scheduler is not None:

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from foxhunt.evaluation.loss import quantile_loss
+from foxhunt.evaluation.loss import cross_sectional_loss, quantile_loss
 
 Batch = dict[str, torch.Tensor]
 
@@ -44,9 +44,18 @@ def rows(batch: Batch, start: int, stop: int) -> Batch:
     return {k: v[start:stop] for k, v in batch.items()}
 
 
-def forecast_loss(model: nn.Module, batch: Batch, quantiles: torch.Tensor) -> torch.Tensor:
-    """The model's quantile loss on a batch (forward and loss, autograd on)."""
-    return quantile_loss(model(batch), batch["target"], quantiles)
+def forecast_loss(
+    model: nn.Module, batch: Batch, quantiles: torch.Tensor, xs_weight: float = 0.0
+) -> torch.Tensor:
+    """The model's quantile loss on a batch (forward and loss, autograd on); with `xs_weight`
+    (optim.xs_weight) plus that times `cross_sectional_loss` of its median across the names of
+    each date in the batch (its windows' `origin`)."""
+    pred = model(batch)
+    loss = quantile_loss(pred, batch["target"], quantiles)
+    if xs_weight and "origin" in batch:
+        median = pred[..., int(torch.argmin((quantiles - 0.5).abs()))]
+        loss = loss + xs_weight * cross_sectional_loss(median, batch["target"], batch["origin"])
+    return loss
 
 
 def train_step(
@@ -59,6 +68,7 @@ def train_step(
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     runner: ChunkRunner | None = None,
     before_update: Callable[[], None] | None = None,
+    xs_weight: float = 0.0,
 ) -> torch.Tensor:
     """One training step: zero the gradients, forward, loss, backward, clip the gradient norm
     to `clip`, optimizer step. Returns the batch's mean loss (detached).
@@ -67,7 +77,7 @@ def train_step(
     gradients accumulate into one update equal to the whole batch's (a restarted step zeroes
     them again); without, each micro-batch is its own optimizer step. `backward` is Lightning's
     manual_backward in the module; `before_update` runs before clipping (the DDP gradient
-    all-reduce)."""
+    all-reduce); `xs_weight`: `forecast_loss`'s (a micro-batch's dates: the names in it)."""
     runner = runner or Whole()
     n = len(batch["target"])
     accumulate = runner.keep_effective_batch
@@ -88,7 +98,7 @@ def train_step(
         if start == 0 and accumulate:
             total = torch.zeros((), device=total.device)
         part = rows(batch, start, stop) if stop - start < n else batch
-        loss = forecast_loss(model, part, quantiles)
+        loss = forecast_loss(model, part, quantiles, xs_weight)
         backward(loss * ((stop - start) / n) if accumulate and stop - start < n else loss)
         if not accumulate:
             update()
