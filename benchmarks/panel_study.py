@@ -134,6 +134,18 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         ("drift250", "planted250", "real250"),
         {"auto target": ("data.target_transform=auto",)},
     ),
+    # #69: the levers for ranking a realistic panel's names, each beside the default recipe as
+    # a user gets it (the verdict study's cells)
+    "ranking": (
+        ("real250",),
+        {
+            "auto target": ("data.target_transform=auto",),
+            "market context": ("data.target_transform=auto", "data.market_context=true"),
+            "xs loss 0.1": ("data.target_transform=auto", "optim.xs_weight=0.1"),
+            "xs loss 1": ("data.target_transform=auto", "optim.xs_weight=1"),
+            "xs rank inputs": ("data.target_transform=auto", "data.cross_section=rank"),
+        },
+    ),
     "cross_section": (
         ("drift250", "planted250"),
         {
