@@ -53,7 +53,7 @@ from foxhunt.evaluation.forecasts import quantile_levels
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BASE = ("eval.cost_bps=10", "report=false", "trainer.enable_progress_bar=false")
-ENSEMBLE = "ensemble="  # the study's own override (`run_config`), not foxhunt's
+ENSEMBLE = "ensemble="  # the study's own override (`run_config`), not model.ensemble
 # the target of every cell that does not set its own: the recipe the studies began from (the
 # cells before data.target_transform=auto ran with it), so "default" stays one recipe
 UNLESS_SET = "none"
@@ -144,6 +144,16 @@ STUDIES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "xs loss 0.1": ("data.target_transform=auto", "optim.xs_weight=0.1"),
             "xs loss 1": ("data.target_transform=auto", "optim.xs_weight=1"),
             "xs rank inputs": ("data.target_transform=auto", "data.cross_section=rank"),
+            # foxhunt's own ensemble (models.ensemble: one run, k members trained side by side)
+            "ensemble 3": ("data.target_transform=auto", "model.ensemble=3"),
+        },
+    ),
+    # #69: the ranking study's winning lever on the strong-signal panel
+    "ranking_drift": (
+        ("drift250",),
+        {
+            "auto target": ("data.target_transform=auto",),
+            "xs loss 0.1": ("data.target_transform=auto", "optim.xs_weight=0.1"),
         },
     ),
     "cross_section": (

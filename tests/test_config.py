@@ -165,7 +165,7 @@ def test_one_place_holds_each_model_default():
     assert OmegaConf.to_container(compose_train().model) == OmegaConf.to_container(
         OmegaConf.structured(ModelConfig)
     )
-    not_the_tft = {"compile", "instrument_embedding", "unseen_share"}  # (the module's)
+    not_the_tft = {"compile", "instrument_embedding", "unseen_share", "ensemble"}  # (module's)
     arch = set(ModelConfig.__dataclass_fields__) - not_the_tft
     params = inspect.signature(TemporalFusionTransformer).parameters
     assert {p for p in arch if params[p].default is not inspect.Parameter.empty} == set()

@@ -43,6 +43,11 @@ def validate(cfg: Any) -> None:
     """Semantic checks that types alone cannot express; raises ConfigError naming the key (the
     first failing check, in the order below)."""
     _check_model(cfg.model)
+    _check(
+        cfg.model.ensemble == 1 or not cfg.precision.qat,
+        f"model.ensemble={cfg.model.ensemble} with precision=int8: an ensemble trains and "
+        "exports in fp32 or bf16 (its int8 export is not built)",
+    )
     _check_windows(cfg.data)
     _check_eval(cfg.eval, cfg.calibration, cfg.data.prediction_length)
     _check_schedule(cfg.optim)
@@ -67,6 +72,7 @@ def _check_model(m: Any) -> None:
     _check(m.variable_dim > 0, f"model.variable_dim must be positive, got {m.variable_dim}")
     _check(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
     _check(0 <= m.unseen_share < 1, f"model.unseen_share must be in [0, 1), got {m.unseen_share}")
+    _check(m.ensemble >= 1, f"model.ensemble must be at least 1 (members), got {m.ensemble}")
     _check(
         m.compile in (True, False, "auto", *COMPILE_MODES),
         f"model.compile must be auto, true, false or one of {', '.join(COMPILE_MODES)}, "

@@ -223,9 +223,9 @@ class ModelConfig:
     # one for a name not seen, learned by hiding names on unseen_share of the training windows
     instrument_embedding: bool = False
     unseen_share: float = 0.1
-    # torch.compile (inductor): auto (the device's measured default, foxhunt.training.module's
-    # COMPILE_BY_DEVICE), true, false, or a mode (foxhunt.checks.COMPILE_MODES); not part of
-    # the architecture, so resume may toggle it
+    ensemble: int = 1  # k TFTs trained side by side, forecasting their mean (models.ensemble)
+    # torch.compile: auto (the device's measured default, training.module.COMPILE_BY_DEVICE),
+    # true, false or a mode (checks.COMPILE_MODES); not the architecture: resume may toggle it
     compile: Any = "auto"
 
 

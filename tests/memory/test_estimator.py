@@ -64,6 +64,7 @@ def test_onednn_workspace_formula_matches_the_real_kernel(seq_len, batch, hidden
     "overrides, batch_size",
     [
         ([], 16),  # tft_small on OHLCV features
+        (["model.ensemble=2"], 16),  # two of them, each with its own loss (models.ensemble)
         (
             ["model.hidden_dim=32", "model.num_heads=2", "model.lstm_layers=2", "model.dropout=0"],
             24,

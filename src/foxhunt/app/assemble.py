@@ -109,7 +109,7 @@ def check_same_model(
 ) -> None:
     """A checkpoint resumes only into the model (and precision family) it was trained as."""
     # a key the checkpoint lacks as its model was built (the override that resumes it)
-    trained_as = {**UNSAVED_DEFAULTS, **hparams["model"]}
+    trained_as = {**UNSAVED_DEFAULTS, "ensemble": 1, **hparams["model"]}
     changed = [
         k for k in model_cfg if k not in RUNTIME_MODEL_KEYS and trained_as.get(k) != model_cfg[k]
     ]

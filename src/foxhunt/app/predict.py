@@ -71,6 +71,7 @@ from foxhunt.errors import CheckpointError, ConfigError, DataError
 from foxhunt.evaluation.calibration import METHODS, Calibration
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import read_export
+from foxhunt.models.ensemble import MEMBERS
 from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import precision_of
 from foxhunt.precision.fp32 import load_weights
@@ -157,8 +158,7 @@ def _from_checkpoint(
     hparams = ckpt["hyper_parameters"]
     if "schema" not in hparams:
         raise CheckpointError(f"{path} is not a foxhunt TFT checkpoint (no data schema)")
-    # compile=False: a compiled model would be built for one prediction only
-    module = load_module(ckpt, compile=False)
+    module = load_module(ckpt, compile=False)  # (compiled, it would serve one prediction)
     trained = precision_of(hparams)
     model = trained.for_inference(module.model)  # int8: the fake-quant model the test scored
     precision = {"name": trained.predicts_as}  # a bf16 checkpoint runs in float32
@@ -177,9 +177,9 @@ def _from_export(
             f"{path} was exported without its data schema (made before exports carried "
             "it): predict from the checkpoint it came from (best-*.ckpt beside it)"
         )
-    model_cfg = {k: meta["init"][k] for k in MODEL_KEYS}
-    # the keys an export made before them lacks, as it was built
-    model_cfg |= {k: meta["init"].get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()}
+    init = meta["init"]  # the keys an export made before them lacks, as it was built:
+    model_cfg = {k: init[k] for k in MODEL_KEYS} | {"ensemble": init.get(MEMBERS, 1)}
+    model_cfg |= {k: init.get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()}
     schema = DataSchema.from_dict(meta["schema"])
     fitted = meta.get("calibration")
     if path.suffix == ".safetensors" and meta.get("format") != INT8_FORMAT:

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from foxhunt.errors import CheckpointError
 from foxhunt.files import read_export, write_export
-from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
+from foxhunt.models.ensemble import build
+from foxhunt.models.tft import TemporalFusionTransformer
 from foxhunt.precision.base import Precision
 from foxhunt.run.dir import RunDir
 
@@ -49,12 +51,13 @@ def export_weights(
     return write_export(path, model.state_dict(), meta)
 
 
-def load_weights(path: str | Path) -> tuple[TemporalFusionTransformer, dict[str, Any]]:
-    """(the float32 model in eval mode, the export's metadata) of `export_weights`' file."""
+def load_weights(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """(the float32 model in eval mode, an ensemble's as one, the export's metadata) of
+    `export_weights`' file."""
     tensors, meta = read_export(path)
     if meta.get("format") != FP32_FORMAT:
         raise CheckpointError(f"{path} is not a float32 export (format {meta.get('format')!r})")
-    model = TemporalFusionTransformer(**{**UNSAVED_DEFAULTS, **meta["init"]})
+    model = build(meta["init"])
     model.load_state_dict(tensors)
     return model.eval(), meta
 

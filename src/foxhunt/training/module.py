@@ -19,7 +19,8 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError
-from foxhunt.models.tft import UNSAVED_DEFAULTS, TemporalFusionTransformer
+from foxhunt.models.ensemble import MEMBERS, build, members_of
+from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import precision_of
 from foxhunt.training.metrics import Coverage, DirectionalAccuracy, QuantileLoss
 from foxhunt.training.step import ChunkRunner, Whole, rows, train_step, validation_forward
@@ -49,6 +50,7 @@ class ModelHparams(TypedDict):
     # absent: saved before #60, a row per training name and none for an unseen one
     instrument_embedding: NotRequired[bool]
     unseen_share: NotRequired[float]
+    ensemble: NotRequired[int]  # members (foxhunt.models.ensemble); absent: saved before, one
 
 
 class OptimHparams(TypedDict):
@@ -121,7 +123,8 @@ def forecasts_unseen(model: nn.Module, schema: DataSchema) -> bool:
 
 
 def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
-    """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema."""
+    """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema
+    (with model.ensemble's members: `foxhunt.models.ensemble.build`'s)."""
     return {
         "num_observed": 1 + len(schema.observed),  # the target's history leads the observed
         "num_known": len(schema.known),
@@ -137,6 +140,8 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "quantiles": list(model["quantiles"]),
         # the keys a checkpoint saved before them lacks, as it was built
         **{k: model.get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()},
+        # (one model's arguments stay as they were before ensembles)
+        **({MEMBERS: k} if (k := model.get("ensemble", 1)) > 1 else {}),
     }
 
 
@@ -145,12 +150,11 @@ def build_model(
     schema: DataSchema,
     precision: PrecisionHparams | None = None,
     traced: bool = False,
-) -> TemporalFusionTransformer:
-    """The TFT sized for `schema` with the hyperparameters of a `ModelConfig`, prepared for
-    training in `precision` (quantization-aware for int8; `traced`: for a FakeTensorMode
-    memory trace)."""
-    tft = TemporalFusionTransformer(**model_init(model, schema))
-    return precision_of(precision).prepare_model(tft, traced)
+) -> nn.Module:
+    """The TFT (or model.ensemble's TFTs) sized for `schema` with the hyperparameters of a
+    `ModelConfig`, prepared for training in `precision` (quantization-aware for int8;
+    `traced`: for a FakeTensorMode memory trace)."""
+    return precision_of(precision).prepare_model(build(model_init(model, schema)), traced)
 
 
 def _numpy_state(state: tuple) -> tuple:
@@ -294,7 +298,8 @@ class TFTModule(L.LightningModule):
         device = self.trainer.strategy.root_device.type
         mode = compile_mode(self.hparams.model.get("compile"), device)
         if mode is not None and not self._compiled:
-            self.model.compile(mode=mode)
+            for part in members_of(self.model):  # an ensemble's members train one by one
+                part.compile(mode=mode)
             self._compiled = True
         if self._compiled:
             # evaluations under no_grad, as the fit's validation runs: a graph compiled there

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from foxhunt.evaluation.loss import cross_sectional_loss, quantile_loss
+from foxhunt.models.ensemble import members_of
 
 Batch = dict[str, torch.Tensor]
 
@@ -49,13 +50,17 @@ def forecast_loss(
 ) -> torch.Tensor:
     """The model's quantile loss on a batch (forward and loss, autograd on); with `xs_weight`
     (optim.xs_weight) plus that times `cross_sectional_loss` of its median across the names of
-    each date in the batch (its windows' `origin`)."""
-    pred = model(batch)
-    loss = quantile_loss(pred, batch["target"], quantiles)
-    if xs_weight and "origin" in batch:
-        median = pred[..., int(torch.argmin((quantiles - 0.5).abs()))]
-        loss = loss + xs_weight * cross_sectional_loss(median, batch["target"], batch["origin"])
-    return loss
+    each date in the batch (its windows' `origin`). An ensemble's: the sum of its members'
+    (`foxhunt.models.ensemble`), so each member's gradient is the one it would have alone."""
+    total = torch.zeros((), device=batch["target"].device)
+    for member in members_of(model):
+        pred = member(batch)
+        total = total + quantile_loss(pred, batch["target"], quantiles)
+        if xs_weight and "origin" in batch:
+            median = pred[..., int(torch.argmin((quantiles - 0.5).abs()))]
+            xs = cross_sectional_loss(median, batch["target"], batch["origin"])
+            total = total + xs_weight * xs
+    return total
 
 
 def train_step(
@@ -77,7 +82,8 @@ def train_step(
     gradients accumulate into one update equal to the whole batch's (a restarted step zeroes
     them again); without, each micro-batch is its own optimizer step. `backward` is Lightning's
     manual_backward in the module; `before_update` runs before clipping (the DDP gradient
-    all-reduce); `xs_weight`: `forecast_loss`'s (a micro-batch's dates: the names in it)."""
+    all-reduce); `xs_weight`: `forecast_loss`'s (a micro-batch's dates: the names in it). An
+    ensemble's members are clipped one by one, as each alone would be."""
     runner = runner or Whole()
     n = len(batch["target"])
     accumulate = runner.keep_effective_batch
@@ -88,7 +94,8 @@ def train_step(
             before_update()
         if clip:  # (Lightning's clip_gradients refuses fused optimizers under bf16-mixed; no
             # precision used here scales gradients, so plain clipping is right)
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
+            for member in members_of(model):  # each member's gradient alone
+                nn.utils.clip_grad_norm_(member.parameters(), clip)
         optimizer.step()
 
     def run(start: int, stop: int) -> None:
@@ -107,7 +114,7 @@ def train_step(
     runner.run_chunks(n, "train", run, restart=accumulate)
     if accumulate:
         update()
-    return total / n
+    return total / n / len(members_of(model))  # (an ensemble's: its members' mean)
 
 
 @torch.no_grad()
