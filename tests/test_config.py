@@ -210,6 +210,8 @@ def test_unknown_key_fails_at_composition():
             "data.target=symbol is the data.group_column: name the numeric column to forecast",
         ),
         ("eval.cost_bps=-1", "eval.cost_bps must be >= 0"),
+        ("optim.xs_weight=-0.1", "optim.xs_weight must be auto or a number >= 0, got -0.1"),
+        ("optim.xs_weight=rank", "optim.xs_weight must be auto or a number >= 0, got 'rank'"),
         ("data.calendar.close=25:00", "data.calendar: calendar close '25:00' is not a time"),
         ("data.calendar.holidays=[xmas]", "data.calendar: calendar holiday 'xmas' is not an"),
         (

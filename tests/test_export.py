@@ -954,6 +954,7 @@ def test_rows_to_forecast_of_a_contract_forecast_its_root_as_predict_py(futures,
     _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
 
 
+@pytest.mark.slow  # the futures model, 25 s to train: the full tier (#70)
 def test_a_short_or_doubled_futures_file_is_one_line_naming_its_contracts(futures, tmp_path):
     """100 rows of ESM6 (4 past the feature warm-up, the encoder needs 32) count as the user
     sees them, by contract; a contract's row given twice names the contract and the time: in

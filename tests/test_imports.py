@@ -11,6 +11,8 @@ import sys
 from collections import defaultdict
 from graphlib import CycleError, TopologicalSorter
 
+import pytest
+
 from tests.helpers import ROOT
 
 SRC = ROOT / "src"
@@ -150,6 +152,7 @@ def test_the_serving_core_imports_its_own_dependencies_alone():
     assert imported - sys.stdlib_module_names - {"__future__"} == SERVING
 
 
+@pytest.mark.slow  # 11-13 s of a fresh interpreter's imports: the full tier (#70)
 def test_predict_imports_onnxruntime_only_to_make_a_session():
     """foxhunt's predict uses the serving core's windows and tables, never its sessions."""
     code = "import sys, foxhunt.app.predict; print('onnxruntime' in sys.modules)"

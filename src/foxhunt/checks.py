@@ -56,6 +56,11 @@ def validate(cfg: Any) -> None:
     _check_inputs(cfg.data)
     _check_calendar(cfg.data)
     _check(cfg.optim.lr > 0, f"optim.lr must be positive, got {cfg.optim.lr}")
+    xs = cfg.optim.xs_weight
+    _check(
+        xs == "auto" or (isinstance(xs, int | float) and not isinstance(xs, bool) and xs >= 0),
+        f"optim.xs_weight must be auto or a number >= 0, got {xs!r}",
+    )
     _check_memory(cfg.memory)
     _check_trainer(cfg.trainer)
 

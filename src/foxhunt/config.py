@@ -241,7 +241,7 @@ class OptimConfig:
     # validated), where training ends (trainer.max_epochs a ceiling, early stopping may end it
     # sooner); None: trainer.max_epochs or schedule_epochs. 800: the positive controls' need
     schedule_steps: int | None = 800
-    xs_weight: float = 0.0  # of loss.cross_sectional_loss (#69); above 0 batches hold dates
+    xs_weight: Any = "auto"  # of loss.cross_sectional_loss (#69); auto: loss.xs_weight_of
 
 
 @dataclass

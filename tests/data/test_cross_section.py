@@ -21,6 +21,8 @@ from foxhunt.data.cross_section import PANEL_NAMES
 from foxhunt.data.read import read_data
 from foxhunt.data.sample import stock_panel_table
 from foxhunt.errors import ConfigError
+from foxhunt.evaluation.loss import XS_WEIGHT
+from foxhunt.training.checkpoint_io import read_checkpoint_hparams
 from tests.helpers import TINY_MODEL, compose_train, run_cli, run_script
 
 
@@ -134,7 +136,8 @@ def test_cross_sections_need_the_names_in_memory(overrides, asked):
         validate(cfg)
 
 
-@pytest.fixture(scope="module", params=["rank", "none"])
+# the ranked inputs' model trains in the full tier alone (#70: 40 s of the fast tier's)
+@pytest.fixture(scope="module", params=[pytest.param("rank", marks=pytest.mark.slow), "none"])
 def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory, request):
     """A tiny model trained with a market-neutral target (explicit, with ranked inputs; or
     by default, alone): (summary, dir)."""
@@ -185,6 +188,9 @@ def test_a_market_neutral_model_predicts_on_its_own_inputs(panel, market_neutral
     )
     assert summary["target"]["transform"] == "xs_demean"
     assert pq.read_table(predicted).num_rows > 0
+    # optim.xs_weight=auto: the cross-sectional term's weight with a cross-sectional target
+    optim = read_checkpoint_hparams(summary["best_checkpoint"])[1]["optim"]
+    assert optim["xs_weight"] == XS_WEIGHT > 0
 
 
 @pytest.fixture(scope="module")

@@ -213,6 +213,7 @@ def test_forecasts_come_back_in_each_instruments_units(tmp_path):
     assert 4 < width["LOUD"] / width["QUIET"] < 16
 
 
+@pytest.mark.slow  # trains its own model, 14 s: the full tier (#70)
 def test_a_checkpoint_saved_before_instrument_scaling_loads_on_one_scale(tmp_path):
     """A checkpoint whose schema lacks the per-instrument keys (saved before #45) loads and
     forecasts on its one pooled scale, as it was trained."""

@@ -132,6 +132,7 @@ def test_trainer_and_callback_arguments_are_passed_through(tmp_path, table_path)
     _, hparams, _ = read_checkpoint_hparams(summary["best_checkpoint"])
     assert type(hparams["schema"]["target_kind"]) is str
     assert type(hparams["optim"]["schedule"]) is str
+    assert hparams["optim"]["xs_weight"] == 0.0  # auto: no cross-sectional target on 2 names
     with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert sum(bool(r["val_loss"]) for r in rows) == 1  # validated after epoch 2 only

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from foxhunt.data.datamodule import EpochShuffle, ParquetDataModule
-from foxhunt.evaluation.loss import cross_sectional_loss
+from foxhunt.evaluation.loss import XS_WEIGHT, cross_sectional_loss, xs_weight_of
 from foxhunt.training.step import forecast_loss
 
 
@@ -31,6 +31,15 @@ def test_the_term_is_one_less_each_date_s_correlation_across_its_names_and_steps
     np.testing.assert_allclose(again.item(), got.item(), rtol=1e-9)
     lone = cross_sectional_loss(torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([1, 2]))
     assert lone.item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "setting, transform, weight",
+    [("auto", "xs_demean", XS_WEIGHT), ("auto", "xs_rank", XS_WEIGHT), ("auto", "none", 0.0)]
+    + [(0.5, "none", 0.5), (0, "xs_demean", 0.0)],
+)
+def test_auto_weighs_the_term_only_for_a_cross_sectional_target(setting, transform, weight):
+    assert xs_weight_of(setting, transform) == weight
 
 
 def test_the_loss_adds_the_term_by_its_weight_and_its_gradient_reaches_the_forecast():

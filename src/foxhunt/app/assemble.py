@@ -24,6 +24,7 @@ from foxhunt.app.ddp import ddp_strategy
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, FoxhuntError
+from foxhunt.evaluation.loss import xs_weight_of
 from foxhunt.memory.callbacks import memory_callbacks
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models.tft import UNSAVED_DEFAULTS
@@ -89,14 +90,15 @@ def assemble(
     )
     precision.check_device(trainer.strategy.root_device)  # before any data is read
     tracking.log_config(cfg, trainer.loggers)  # logger=mlflow: the config as the run's params
-    by_date = float(cfg.optim.get("xs_weight", 0.0)) > 0  # its loss term ranks a date's names
-    datamodule = ParquetDataModule(cfg.data, resumed.schema, cfg.seed, by_date)
+    datamodule = ParquetDataModule(cfg.data, resumed.schema, cfg.seed)
     datamodule.setup()
+    xs_weight = xs_weight_of(cfg.optim.xs_weight, datamodule.schema.target_transform)
+    datamodule.by_date = xs_weight > 0  # its loss term ranks a date's names
     for warning in filter(None, [datamodule.zone_warning, *datamodule.target_warnings]):
         logging.getLogger(__name__).warning("data: %s", warning)  # once, at the start of training
     if not cfg.memory.batch_size_search.enabled and isinstance(cfg.memory.val_batch_size, int):
         datamodule.val_batch_size = cfg.memory.val_batch_size
-    module = make_module(cfg, datamodule.schema)
+    module = make_module(cfg, datamodule.schema, xs_weight)
     if init_weights and not resumed.ckpt_path:
         _, hparams, ckpt = read_checkpoint_hparams(init_weights)
         check_same_model(hparams, plain(cfg.model), precision)
@@ -194,10 +196,15 @@ def run_callbacks(
     return callbacks, (checkpoint, latest, outcome, memory)
 
 
-def make_module(cfg: DictConfig, schema: DataSchema) -> TFTModule:
-    """The LightningModule, its hyperparameters as plain containers (enums as strings)."""
+def make_module(cfg: DictConfig, schema: DataSchema, xs_weight: float = 0.0) -> TFTModule:
+    """The LightningModule, its hyperparameters as plain containers (enums as strings), with
+    the weight optim.xs_weight means for the data (`xs_weight_of`)."""
     # manual optimization (micro-batches on OOM) clips in the module, not in the Trainer
-    optim: OptimHparams = {**plain(cfg.optim), "gradient_clip_val": cfg.trainer.gradient_clip_val}
+    optim: OptimHparams = {
+        **plain(cfg.optim),
+        "gradient_clip_val": cfg.trainer.gradient_clip_val,
+        "xs_weight": xs_weight,
+    }
     model: ModelHparams = plain(cfg.model)
     precision: PrecisionHparams = plain(cfg.precision)
     module = TFTModule(model=model, schema=schema.to_dict(), optim=optim, precision=precision)
