@@ -53,12 +53,13 @@ def forecast_loss(
     each date in the batch (its windows' `origin`). An ensemble's: the sum of its members'
     (`foxhunt.models.ensemble`), so each member's gradient is the one it would have alone."""
     total = torch.zeros((), device=batch["target"].device)
+    ranked = xs_weight and "origin" in batch
+    median = int(torch.argmin((quantiles - 0.5).abs())) if ranked else 0  # once, not a member
     for member in members_of(model):
         pred = member(batch)
         total = total + quantile_loss(pred, batch["target"], quantiles)
-        if xs_weight and "origin" in batch:
-            median = pred[..., int(torch.argmin((quantiles - 0.5).abs()))]
-            xs = cross_sectional_loss(median, batch["target"], batch["origin"])
+        if ranked:
+            xs = cross_sectional_loss(pred[..., median], batch["target"], batch["origin"])
             total = total + xs_weight * xs
     return total
 
