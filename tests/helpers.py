@@ -31,8 +31,8 @@ from foxhunt_serve import MONTH_CODES, Contract, third_friday
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from foxhunt.app.console import summary_path
-from foxhunt.app.train import train
+from foxhunt.app.report.console import summary_path
+from foxhunt.app.train.phases import train
 from foxhunt.conf import CONF_DIR
 from foxhunt.config import DataConfig, register_configs
 from foxhunt.data.datamodule import ParquetDataModule

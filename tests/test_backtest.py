@@ -18,8 +18,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from foxhunt.app import backtest
-from foxhunt.app.train import train
+from foxhunt.app.backtest import folds as backtest
+from foxhunt.app.train.phases import train
 from foxhunt.config import register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.read import timeline

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import foxhunt
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.files import read_export

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from foxhunt.app.assemble import make_callbacks, make_logger, make_trainer
+from foxhunt.app.train.assemble import make_callbacks, make_logger, make_trainer
 from foxhunt.config import SET_BY_FOXHUNT, TrainerConfig, parse_time, register_configs, validate
 from foxhunt.errors import ConfigError
 from foxhunt.training.checkpointing import BestCheckpoint, StaysStopped

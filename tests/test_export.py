@@ -32,9 +32,9 @@ from foxhunt_serve import cli, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402
 
 import foxhunt  # noqa: E402
-from foxhunt.app.export import JSON_FILE, ONNX_FILE, export_dir, export_onnx  # noqa: E402
-from foxhunt.app.predict import build_windows  # noqa: E402
-from foxhunt.app.train import train  # noqa: E402
+from foxhunt.app.predict.export import JSON_FILE, ONNX_FILE, export_dir, export_onnx  # noqa: E402
+from foxhunt.app.predict.predictor import build_windows  # noqa: E402
+from foxhunt.app.train.phases import train  # noqa: E402
 from foxhunt.config import DataConfig  # noqa: E402
 from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
 from foxhunt.data.futures import continuous_table  # noqa: E402

@@ -1,4 +1,4 @@
-"""logger=mlflow (foxhunt.app.tracking) against a real `mlflow server` on localhost, backed by
+"""logger=mlflow (foxhunt.app.train.tracking) against a real `mlflow server` on localhost, backed by
 the PostgreSQL CI starts (FOXHUNT_TEST_POSTGRES; the server's database is <that db>_mlflow), read
 back through `mlflow.MlflowClient`: the server .ci/run starts (FOXHUNT_TEST_MLFLOW, its URL), or
 else each pytest worker's own on a free port."""
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from filelock import FileLock
 
-from foxhunt.app import tracking
+from foxhunt.app.train import tracking
 from foxhunt.files import read_export
 from tests.helpers import (
     TINY_MODEL,

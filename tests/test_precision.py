@@ -7,7 +7,7 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from foxhunt.app.assemble import check_same_model as _check_same_model
+from foxhunt.app.train.assemble import check_same_model as _check_same_model
 from foxhunt.conf import CONF_DIR
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.precision import precision_of

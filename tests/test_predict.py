@@ -19,9 +19,9 @@ from foxhunt_serve.windows import future_steps, known_inputs
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt.app.inference import training_data_config
-from foxhunt.app.predict import _schema_data_config, build_windows
-from foxhunt.app.train import train
+from foxhunt.app.predict.inference import training_data_config
+from foxhunt.app.predict.predictor import _schema_data_config, build_windows
+from foxhunt.app.train.phases import train
 from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.horizon import Future, known_of
 from foxhunt.data.schema import DataSchema

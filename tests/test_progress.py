@@ -10,7 +10,7 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from foxhunt.app import backtest
+from foxhunt.app.backtest import folds as backtest
 from foxhunt.config import register_configs
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.evaluation.baselines import fit_baselines

@@ -17,14 +17,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from foxhunt.app.console import console_summary
-from foxhunt.app.interpret import PLOTS, variable_names
-from foxhunt.app.report import _quality_section, report_run, write_report
-from foxhunt.app.report_figures import learning_curves
-from foxhunt.app.report_plots import LEARNING_CURVES
-from foxhunt.app.report_scores import headline_section, instrument_table
-from foxhunt.app.report_scores import strategy_section as _strategy_section
-from foxhunt.app.train import train
+from foxhunt.app.predict.interpret import PLOTS, variable_names
+from foxhunt.app.report.console import console_summary
+from foxhunt.app.report.figures import learning_curves
+from foxhunt.app.report.plots import LEARNING_CURVES
+from foxhunt.app.report.run_report import _quality_section, report_run, write_report
+from foxhunt.app.report.scores import headline_section, instrument_table
+from foxhunt.app.report.scores import strategy_section as _strategy_section
+from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.training.module import TFTModule
 from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table

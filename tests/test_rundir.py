@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.errors import ConfigError
 from foxhunt.run.guard import LOCK_NAME
 from tests.helpers import compose_train, read_only, run_cli, tiny_overrides

@@ -20,7 +20,7 @@ pytest.importorskip("onnxscript")
 from foxhunt_serve import files, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402
 
-from foxhunt.app.predict import Predictor  # noqa: E402
+from foxhunt.app.predict.predictor import Predictor  # noqa: E402
 from tests import test_export  # noqa: E402
 from tests.helpers import ROOT, run_script  # noqa: E402
 from tests.test_export import consumer  # noqa: E402

@@ -27,7 +27,7 @@ from foxhunt_serve.read import iso_time
 from foxhunt_serve.windows import check_history
 
 import foxhunt
-import foxhunt.app.predict as app_predict
+import foxhunt.app.predict.predictor as app_predict
 from foxhunt.data.sample import stock_panel_table
 from tests.helpers import TINY_MODEL, make_table, run_cli, run_script, walked_from_the_run_s_start
 
@@ -233,7 +233,7 @@ def test_the_latest_forecasts_read_only_the_rows_they_need(neutral, monkeypatch)
 @pytest.mark.slow  # trains and exports a 40-name model (about 40 CPU-s): the full tier
 def test_the_file_trained_on_is_served_by_running_each_name_s_latest_window_alone(neutral):
     """#68: ACI's state holds the model's outputs of the test windows pending at its time and
-    of the windows after the test split (`foxhunt.app.after_test`): the consumer serving the
+    of the windows after the test split (`foxhunt.app.train.after_test`): the consumer serving the
     file the run trained on runs the model on one window a name."""
     pytest.importorskip("onnxruntime")
     from foxhunt_serve import forecast

@@ -1,6 +1,6 @@
-"""scripts/tune.py (`foxhunt.app.tune`): a study finds a planted parameter, sees through selection
-on noise, never reads a test period, continues after a SIGKILL, and shares one study between
-workers on a journal file and on PostgreSQL."""
+"""scripts/tune.py (`foxhunt.app.tune.search`): a study finds a planted parameter, sees through
+selection on noise, never reads a test period, continues after a SIGKILL, and shares one study
+between workers on a journal file and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 from optuna.trial import TrialState
 
-from foxhunt.app import tune
-from foxhunt.app.backtest import plan_folds
-from foxhunt.app.study import ended
-from foxhunt.app.train import train
+from foxhunt.app.backtest.folds import plan_folds
+from foxhunt.app.train.phases import train
+from foxhunt.app.tune import search as tune
+from foxhunt.app.tune.study import ended
 from foxhunt.config import register_configs
 from foxhunt.data.read import timeline
 from foxhunt.errors import DataError, FoxhuntError

@@ -16,7 +16,7 @@ from benchmarks.gpu_check.common import ROOT, log
 from foxhunt.memory.budget import free_memory
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
 
 BENCH_TFT = ROOT / "benchmarks" / "bench_tft.py"
 

@@ -14,7 +14,7 @@ from foxhunt.memory.budget import device_budget, free_memory
 from foxhunt.memory.table import format_table
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
 
 
 def section_budget(check: Check, budget_s: float) -> dict[str, Any]:

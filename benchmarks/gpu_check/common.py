@@ -1,11 +1,13 @@
-"""What several sections measure with: the figures' formats, the device's memory and its CUDA
-context, and the peaks of what runs in between."""
+"""What several sections share: the check's state (`Check`), the figures' formats, the device's
+memory and its CUDA context, and the peaks of what runs in between."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.bench_tft import sync
+from benchmarks.gpu_check.sizes import Sizes
+from foxhunt.files import write_text
 from foxhunt.memory import MB
 from foxhunt.memory.budget import LiveTensorBytes
 
@@ -132,3 +136,23 @@ def held_now(device: torch.device) -> dict[str, int | None]:
         "allocated": torch.cuda.memory_allocated(device),
         "reserved": torch.cuda.memory_reserved(device),
     }
+
+
+@dataclass
+class Check:
+    """A run of the check: its device and sizes, where its results go, and the results so far
+    (every section's figures by name, saved after each)."""
+
+    device: torch.device
+    sizes: Sizes
+    out: Path
+    results: dict[str, Any] = field(default_factory=dict)
+    others_mb: float | None = None  # device memory in use before this process touched CUDA
+    estimate_workers: int = 0  # the estimator section's tracing processes (0: in this one)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def save(self) -> None:
+        write_text(self.out / "gpu_check.json", json.dumps(self.results, indent=1, default=str))

@@ -15,7 +15,7 @@ from foxhunt.memory.budget import free_memory
 from foxhunt.memory.table import format_table
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
 
 
 def section_env(check: Check, budget_s: float) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from foxhunt.training.module import build_model, make_optimizer
 from foxhunt.training.step import train_step, validation_forward
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
     from benchmarks.gpu_check.sizes import Sizes
 
 ESTIMATE_WORKERS = 4  # processes tracing the estimates on CUDA while the device runs steps

@@ -12,7 +12,7 @@ from benchmarks.gpu_check.common import cell, cuda_usage, log
 from foxhunt.memory.table import format_table
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
 
 # the reserve fraction alone is reported over the steps whose estimate is at least this large:
 # below it the allocator's 2 and 20 MB segments make any fraction large

@@ -18,7 +18,7 @@ from foxhunt.memory.table import format_table
 from foxhunt.models.blocks import VariableSelectionNetwork
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
     from benchmarks.gpu_check.sizes import Sizes
 
 # Norm-wise relative error of the fused path against a float64 reference of the plain path.

@@ -1,4 +1,4 @@
-"""The check's runner: its state (Check), the sections in order with their time plan, each
+"""The check's runner: the sections in order with their time plan, each
 section run so that a failure is recorded and the next one runs, the closing table, the
 options, and main."""
 
@@ -11,7 +11,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +19,14 @@ import torch
 import benchmarks.gpu_check
 from benchmarks.gpu_check.bench import bench_section
 from benchmarks.gpu_check.budget import section_budget
-from benchmarks.gpu_check.common import ROOT, cell, log, nvidia_smi
+from benchmarks.gpu_check.common import ROOT, Check, cell, log, nvidia_smi
 from benchmarks.gpu_check.env import section_env
 from benchmarks.gpu_check.estimator import ESTIMATE_WORKERS, section_estimator
 from benchmarks.gpu_check.fused_vsn import section_fused_vsn
 from benchmarks.gpu_check.seed import CARD_MB, section_seed
-from benchmarks.gpu_check.sizes import FULL, QUICK, Sizes
-from foxhunt.files import write_text
+from benchmarks.gpu_check.sizes import FULL, QUICK
 from foxhunt.memory.budget import free_memory
 from foxhunt.memory.table import format_table
-
-
-@dataclass
-class Check:
-    """A run of the check: its device and sizes, where its results go, and the results so far
-    (every section's figures by name, saved after each)."""
-
-    device: torch.device
-    sizes: Sizes
-    out: Path
-    results: dict[str, Any] = field(default_factory=dict)
-    others_mb: float | None = None  # device memory in use before this process touched CUDA
-    estimate_workers: int = 0  # the estimator section's tracing processes (0: in this one)
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    def save(self) -> None:
-        write_text(self.out / "gpu_check.json", json.dumps(self.results, indent=1, default=str))
-
 
 # --- the sections and their time plan --------------------------------------------------------
 

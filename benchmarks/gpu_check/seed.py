@@ -25,7 +25,7 @@ from foxhunt.memory.budget import free_memory
 from foxhunt.memory.table import format_table
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check.runner import Check
+    from benchmarks.gpu_check.common import Check
 
 TRAIN_SCRIPT = ROOT / "scripts" / "train.py"
 CARD_MB = 4096  # the seed scenario's card: memory=gpu_4gb
@@ -51,7 +51,7 @@ SEED_PHASES = (
     ("baselines_logged", "the quality evaluation, the export and the summary"),
     ("summary_written", "finished"),
 )
-# a Hydra job log line: [2026-11-30 16:54:28,866][foxhunt.app.train][INFO] - message
+# a Hydra job log line: [2026-11-30 16:54:28,866][foxhunt.app.train.phases][INFO] - message
 LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\]\[(\w+)\] - (.*)$")
 BASELINES_LINE = re.compile(r"baselines: fit and scored in ([\d.]+) s")
 

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from foxhunt.app.predict import Predictor
+    from foxhunt.app.predict.predictor import Predictor
 
 
 def load(path: str | Path, data: dict[str, Any] | None = None, **options: Any) -> Predictor:
     """A trained model, a checkpoint or an int8 export, ready to `.predict(table_or_path)`
-    (`foxhunt.app.predict.load`; imported on first use, so `import foxhunt` stays light)."""
-    from foxhunt.app.predict import load as load_predictor
+    (`foxhunt.app.predict.predictor.load`; imported on first use, so `import foxhunt` stays
+    light)."""
+    from foxhunt.app.predict.predictor import load as load_predictor
 
     return load_predictor(path, data, **options)

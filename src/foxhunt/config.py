@@ -337,7 +337,7 @@ class MemoryConfig:
 
 @dataclass
 class BacktestConfig:
-    """Walk-forward folds (`foxhunt.app.backtest`); spans are bars of the common timeline."""
+    """Walk-forward folds (`foxhunt.app.backtest.folds`); spans are bars of the common timeline."""
 
     folds: int = 5
     mode: BacktestMode = BacktestMode.expanding  # rolling: train_span bars of training per fold
@@ -350,7 +350,7 @@ class BacktestConfig:
 
 @dataclass
 class TuneConfig:
-    """An Optuna study over walk-forward validation periods (`foxhunt.app.tune`)."""
+    """An Optuna study over walk-forward validation periods (`foxhunt.app.tune.search`)."""
 
     trials: int = 20  # finished trials (completed or pruned) the study ends with
     jobs: int = 1  # worker processes on this machine, sharing the study

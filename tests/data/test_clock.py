@@ -14,7 +14,7 @@ from foxhunt_serve.forecast import output
 from foxhunt_serve.read import time_ns, zone_of
 from foxhunt_serve.windows import future_steps
 
-from foxhunt.app.inspect import Inspection, _instruments, _zone
+from foxhunt.app.inspect_data.inspection import Inspection, _instruments, _zone
 from foxhunt.config import DataConfig
 from foxhunt.data.daylight import warning
 from foxhunt.data.features import clock_of, learned_sessions

@@ -14,7 +14,7 @@ import pytest
 import torch
 from foxhunt_serve.features import calendar
 
-from foxhunt.app.report_markdown import data_section as _data_section
+from foxhunt.app.report.markdown import data_section as _data_section
 from foxhunt.config import CalendarConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.features import KNOWN_CALENDAR, clock_of

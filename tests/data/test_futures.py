@@ -17,9 +17,9 @@ import torch
 from foxhunt_serve import MONTH_CODES, Contract, Roll, parse_contract, third_friday
 
 import foxhunt
-from foxhunt.app.interpret import _roll_marks
-from foxhunt.app.report_markdown import rolls_section as _rolls_section
-from foxhunt.app.train import train
+from foxhunt.app.predict.interpret import _roll_marks
+from foxhunt.app.report.markdown import rolls_section as _rolls_section
+from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import continuous_table, roll_schedule, stitch
 from foxhunt.errors import ConfigError, DataError

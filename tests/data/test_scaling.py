@@ -13,7 +13,7 @@ import torch
 from foxhunt_serve.scaling import FLOOR, MIN_ROWS, SCALE_INPUT, of_instruments
 
 import foxhunt
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.serving import target_section
 from tests.data.test_lazy import assert_same

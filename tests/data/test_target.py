@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foxhunt.app.assemble import Resumed, assemble
-from foxhunt.app.backtest import _target_kind
-from foxhunt.app.train import prepare
+from foxhunt.app.backtest.folds import _target_kind
+from foxhunt.app.train.assemble import Resumed, assemble
+from foxhunt.app.train.phases import prepare
 from foxhunt.config import PANEL_NAMES
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.target import evidence, target_kind
@@ -138,7 +138,7 @@ def _warned_at_start(tmp_path: Path, path: Path, *overrides: str) -> list[str]:
     """The warnings `foxhunt train`'s set-up (before fit) logs, from `assemble`."""
     cfg = compose_train(*tiny_overrides(path, *overrides), *TINY_MODEL)
     run = prepare(cfg, tmp_path / "run")
-    logger = logging.getLogger("foxhunt.app.assemble")
+    logger = logging.getLogger("foxhunt.app.train.assemble")
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.app.report_scores import baselines_section as _baselines_section
-from foxhunt.app.train import train
+from foxhunt.app.report.scores import baselines_section as _baselines_section
+from foxhunt.app.train.phases import train
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.evaluation import baselines

@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory import MB, estimate, search
 from foxhunt.memory.budget import LiveTensorBytes, cuda_fraction, live_tensors

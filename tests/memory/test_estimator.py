@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.data.schema import footer_schema
 from foxhunt.errors import ConfigError
 from foxhunt.memory import (

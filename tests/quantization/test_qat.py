@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.data.schema import footer_schema, random_batch
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.precision.int8 import fp32_export_bytes

@@ -75,7 +75,7 @@ def _train_with_probe(train: Any) -> Any:
 
 
 if __name__ == "__main__":
-    import foxhunt.app.train as run
+    import foxhunt.app.train.phases as run
 
     run.train = _train_with_probe(run.train)  # before the script imports it
     script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"

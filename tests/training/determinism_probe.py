@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.threads import use_cpus
 from tests.helpers import compose_train, make_table, tiny_overrides, write_table
 

@@ -78,7 +78,7 @@ if __name__ == "__main__":
         time.sleep(2)
     sys.addaudithook(_record)
     atexit.register(_save)
-    import foxhunt.app.train as run
+    import foxhunt.app.train.phases as run
 
     run.train = _train_with_probes(run.train)  # before commands imports it
     from foxhunt.app.commands import main

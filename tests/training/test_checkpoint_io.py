@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 import foxhunt
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from foxhunt.app.console import FINAL, summary_path
-from foxhunt.app.train import train
+from foxhunt.app.report.console import FINAL, summary_path
+from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.errors import ConfigError
 from foxhunt.memory import estimate
@@ -46,7 +46,7 @@ REL_TOL = 1e-5
 
 
 def summaries(stdout: str) -> list[dict]:
-    """The summaries the runs' last lines name (`foxhunt.app.console.final_line`)."""
+    """The summaries the runs' last lines name (`foxhunt.app.report.console.final_line`)."""
     lines = [line for line in stdout.splitlines() if FINAL in line]
     return [json.loads(summary_path(line).read_text()) for line in lines]
 

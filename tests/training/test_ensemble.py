@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 import foxhunt
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.models.ensemble import Ensemble
 from tests.helpers import compose_train, make_table, run_script, tiny_overrides, write_table
 

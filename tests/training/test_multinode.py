@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from foxhunt import threads
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory import estimate, max_batch_size
 from foxhunt.memory.estimator import MB

@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from foxhunt.app.train import train
+from foxhunt.app.train.phases import train
 from foxhunt.run.dir import RunDir
 from foxhunt.run.resume import find_previous_run
 from foxhunt.threads import usable_cpus

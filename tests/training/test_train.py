@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from foxhunt.app.train import SUMMARY_METRICS, train
+from foxhunt.app.train.phases import SUMMARY_METRICS, train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, ConfigError

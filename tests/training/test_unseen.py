@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 import foxhunt
-from foxhunt.app.console import console_summary
-from foxhunt.app.train import train
+from foxhunt.app.report.console import console_summary
+from foxhunt.app.train.phases import train
 from foxhunt.config import ModelConfig, OptimConfig
 from foxhunt.data.schema import DataSchema
 from foxhunt.precision.onnx import onnx_inputs

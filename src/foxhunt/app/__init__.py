@@ -1,2 +1,2 @@
-"""The commands: train, predict, backtest, export, interpret, report, and the entry-point
-plumbing (`cli`) the scripts call."""
+"""The commands, one package each (`app/<command>/`, its command line in `command.py`), what
+they share (`render`), and the entry-point plumbing (`cli`, `commands`)."""

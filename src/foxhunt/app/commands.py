@@ -4,26 +4,19 @@ the shims in scripts/ run the same functions."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from foxhunt.app import backtest, cli, tune
-from foxhunt.app.console import console_summary, final_line
-from foxhunt.app.export import export_command
-from foxhunt.app.inspect import inspect_data
-from foxhunt.app.interpret import interpret_checkpoint
-from foxhunt.app.predict_cli import predict_command
-from foxhunt.app.train import train as train_run
-from foxhunt.config import validate
-from foxhunt.memory import MB, MemoryEstimate, estimate, max_batch_size, measure
-from foxhunt.memory.table import breakdown_rows, format_table
-from foxhunt.run import resume
-from foxhunt.run.dir import RunDir
+from foxhunt.app import cli
+from foxhunt.app.backtest.command import backtest_command
+from foxhunt.app.backtest.folds import resume_argv
+from foxhunt.app.inspect_data.command import inspect_command
+from foxhunt.app.predict.command import export_command, interpret_command, predict_command
+from foxhunt.app.train.command import estimate_memory_command, train_command
+from foxhunt.app.tune.command import tune_command
 
 
 def _run_dir() -> Path:
@@ -34,42 +27,22 @@ def _overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
+# each command's Hydra task: its package's command line (app/<package>/command.py) with the run
+# directory and the overrides Hydra composed; what it returns is what a Hydra sweeper optimises
 def train(cfg: DictConfig) -> float | None:
-    run_dir = _run_dir()
-    summary = None
-    if cfg.get("sweep", {}).get("resume"):  # +sweep.resume=true: a finished job is not re-run
-        summary = resume.finished(RunDir(run_dir), "sweep.resume: job")
-    if summary is None:
-        summary = train_run(cfg, run_dir, overrides=_overrides())
-    if rank_zero_only.rank == 0:  # under DDP every process runs this command; one prints
-        print("\n".join(console_summary(summary)))
-        # the headline and where summary.json is: a panel's summary is far too long to print
-        print(final_line(summary, RunDir(run_dir).summary))
-    return summary["metrics"][cfg.optimized_metric]  # the value a Hydra sweeper optimises
+    return train_command(cfg, _run_dir(), _overrides())
 
 
 def predict(cfg: DictConfig) -> None:
     predict_command(cfg, _run_dir(), _overrides())
 
 
-def backtest_folds(cfg: DictConfig) -> float:
-    run_dir = _run_dir()
-    summary = backtest.run(cfg, run_dir, overrides=_overrides())
-    if cfg.backtest.fold is None:  # the whole backtest: its pooled figures, for a person
-        print("\n".join(console_summary(summary, run_dir / backtest.REPORT)))
-        print(final_line(summary, run_dir / backtest.SUMMARY))
-    else:  # one fold's run (a job of `-m backtest.fold=...`)
-        print(final_line(summary, RunDir(run_dir).summary))
-    # val_loss: the mean over the folds (one fold's with backtest.fold), for a sweeper
-    return summary["metrics"][cfg.optimized_metric]
+def backtest(cfg: DictConfig) -> float:
+    return backtest_command(cfg, _run_dir(), _overrides())
 
 
-def tune_study(cfg: DictConfig) -> float | None:
-    summary = tune.tune(cfg, overrides=_overrides())
-    if "best_trial" in summary:
-        print(f"tune: {Path(summary['study_dir']) / tune.REPORT}")
-    print(json.dumps(summary))
-    return summary.get("best_val_loss")
+def tune(cfg: DictConfig) -> float | None:
+    return tune_command(cfg, _overrides())
 
 
 def export(cfg: DictConfig) -> None:
@@ -77,64 +50,16 @@ def export(cfg: DictConfig) -> None:
 
 
 def interpret(cfg: DictConfig) -> None:
-    out_dir = Path(cfg.out_dir or _run_dir())
-    result = interpret_checkpoint(cfg, out_dir, _overrides())
-    files = ["interpretation.json", *result["plots"].values()]
-    print(json.dumps({"out_dir": str(out_dir.resolve()), "files": files}))
+    interpret_command(cfg, _run_dir(), _overrides())
 
 
 def inspect(cfg: DictConfig) -> None:
-    found = inspect_data(cfg, time_batches=bool(cfg.get("time_batches", True)))
-    print("\n".join(found.lines))
-    print(f"problems: {len(found.problems) or 'none'}")
-    for problem in found.problems:
-        print(f"problem: {problem}")
-    print(json.dumps(found.facts | {"problems": found.problems}))
-    if found.problems:
+    if inspect_command(cfg):
         sys.exit(cli.EXIT_USER_ERROR)
 
 
-def _memory_table(result: dict, est: MemoryEstimate) -> list[str]:
-    steps = (est.train, est.val)
-    rows = [
-        ["(batch size)", *(str(s.batch_size) for s in steps)],
-        *breakdown_rows([{k: v / MB for k, v in s.parts.items()} for s in steps]),
-        ["peak", *(f"{s.total / MB:.1f}" for s in steps)],
-    ]
-    lines = [f"{est.device}: {est.params:,} parameters"]
-    lines.append(format_table(["component", "train MB", "val MB"], rows))
-    for kind in ("train", "val"):
-        if f"measured_{kind}_peak_mb" in result:
-            lines.append(
-                f"measured {kind} peak: {result[f'measured_{kind}_peak_mb']:.1f} MB "
-                f"(estimate {result[f'{kind}_rel_error']:+.1%})"
-            )
-    if "max_batch_size" in result:
-        lines.append(
-            f"largest batch size for {result['budget_mb']:.0f} MB "
-            f"(less {result['safety_margin_mb']:.0f} MB margin): {result['max_batch_size']}"
-        )
-    return lines
-
-
 def estimate_memory(cfg: DictConfig) -> None:
-    validate(cfg)
-    est = estimate(cfg)
-    result = est.to_dict()
-    if cfg.memory.budget_mb is not None:
-        best, _ = max_batch_size(cfg, cfg.memory.budget_mb)
-        result |= {
-            "budget_mb": cfg.memory.budget_mb,
-            "safety_margin_mb": cfg.memory.safety_margin_mb,
-            "max_batch_size": best,
-        }
-    if cfg.get("measure"):
-        result |= measure(cfg, est.train.batch_size, est.val.batch_size, device=est.device)
-        for kind in ("train", "val"):
-            real = result[f"measured_{kind}_peak_mb"]
-            result[f"{kind}_rel_error"] = round((result[f"{kind}_peak_mb"] - real) / real, 4)
-    print("\n".join(_memory_table(result, est)))
-    print(json.dumps(result))
+    estimate_memory_command(cfg)
 
 
 COMMANDS = {
@@ -143,13 +68,9 @@ COMMANDS = {
         cli.Command("train", "train", train, "train a TFT, test it, report (the main job)"),
         cli.Command("predict", "predict", predict, "forecast with a checkpoint or an export"),
         cli.Command(
-            "backtest",
-            "backtest",
-            backtest_folds,
-            "walk-forward folds, each a training run",
-            backtest.resume_argv,
+            "backtest", "backtest", backtest, "walk-forward folds, each a training run", resume_argv
         ),
-        cli.Command("tune", "tune", tune_study, "an Optuna study over walk-forward periods"),
+        cli.Command("tune", "tune", tune, "an Optuna study over walk-forward periods"),
         cli.Command("export", "export", export, "model.onnx and model.json for serving"),
         cli.Command("interpret", "interpret", interpret, "variable importance and attention"),
         cli.Command("inspect", "inspect_data", inspect, "a panel's facts and its problems"),

@@ -193,7 +193,7 @@ def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = N
 
 def read_end(cfg: Any) -> int | None:
     """Where a run without a test period (data.split.test_start = test_end: a tuning study's
-    fold, `foxhunt.app.tune`) stops reading (int64 ns): the rows from there on are dropped as
+    fold, `foxhunt.app.tune.search`) stops reading (int64 ns): the rows from there on are dropped as
     they are read, before any check of their values, so no later target is ever seen."""
     split = getattr(cfg, "split", None)
     if split is None or split.test_end is None or split.test_end != split.test_start:

@@ -1,6 +1,6 @@
 """Encoder/decoder windows as index arithmetic over contiguous float32 rows, built one way for
 every path that cuts them: the data module's in-memory path, its disk-backed window store
-(`foxhunt.data.store`) and predict (`foxhunt.app.predict`).
+(`foxhunt.data.store`) and predict (`foxhunt.app.predict.predictor`).
 
 A `WindowBuilder` takes one instrument at a time: its float64 encoder rows (the target, then
 the observed and known inputs: `encoder_rows`; predict adds the rows after the data), their

@@ -317,7 +317,7 @@ def score_baselines(
 ) -> tuple[dict[str, dict], dict[str | None, dict], np.ndarray | None, Predict | None]:
     """Fit every baseline on the training windows and score it on the validation and test
     windows, beside the model's test forecasts `model` ([windows, H, Q], normalized, in the
-    test dataset's order; `foxhunt.app.train.forecast_split`) when given, and on the test
+    test dataset's order; `foxhunt.app.train.phases.forecast_split`) when given, and on the test
     windows the groups of instruments `apart` as `score` does. Returns
     ({name: {about, fit_s, val_loss, test_loss, test_directional_accuracy, test_by_instrument:
     {instrument: {test_loss, test_directional_accuracy}}}, or {skipped: why}},

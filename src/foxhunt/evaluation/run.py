@@ -1,7 +1,7 @@
 """A training run's forecasts evaluated: calibrated on the validation windows, the test's judged
 beside the baselines on the same windows (`judge`), the validation's traded by the costed
-strategy, and summary.json's headline metrics. Pure: the caller (`foxhunt.app.train`) runs the
-model over the splits and writes the files."""
+strategy, and summary.json's headline metrics. Pure: the caller (`foxhunt.app.train.phases`)
+runs the model over the splits and writes the files."""
 
 from __future__ import annotations
 

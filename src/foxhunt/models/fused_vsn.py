@@ -6,8 +6,9 @@ backward (fc1, ELU, fc2, GLU, add and LayerNorm outputs); with tft_base's 225 va
 them is about a gigabyte. This keeps two (the fc2 output and the GLU pre-activation), recomputes
 the elementwise parts in backward, and processes the variables in chunks, so the [rows, variables,
 hidden] intermediates exist only a chunk at a time. At inference (nothing needs a gradient) the
-same forward runs without the autograd Function, and under torch.export (`foxhunt.app.export`'s ONNX
-export) in chunks fixed by the weights' sizes, for a batch that is symbolic there.
+same forward runs without the autograd Function, and under torch.export
+(`foxhunt.app.predict.export`'s ONNX export) in chunks fixed by the weights' sizes, for a batch
+that is symbolic there.
 
 It also uses that a continuous variable's embedding is a scalar x times a vector w plus b:
 - fc1(x w + b) = x (w W1) + (b W1 + b1), so fc1 is an elementwise affine map (A and C below);

@@ -3,7 +3,8 @@ model at its precision made exportable (an int8 model: its LSTMs in float32 of t
 weights, its layers' inputs rounded to their learned int8 grid in ops ONNX has), torch.export
 then torch.onnx's translation, and ONNX Runtime checked against PyTorch (`verify`).
 
-`foxhunt.app.export` writes model.onnx and model.json from these; `foxhunt_serve` runs them."""
+`foxhunt.app.predict.export` writes model.onnx and model.json from these; `foxhunt_serve` runs
+them."""
 
 from __future__ import annotations
 

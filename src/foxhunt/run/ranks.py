@@ -2,7 +2,8 @@
 several): which rank this process is, and what rank 0 decides for all of them.
 
 Lightning's own DDP start re-runs the command line with rank 0's run directory and checkpoint
-(`foxhunt.app.ddp`). A launcher instead starts every rank from the same command line, each with
+(`foxhunt.app.train.ddp`). A launcher instead starts every rank from the same command line,
+each with
 a Hydra of its own, and Hydra's time-stamped run directory differs by rank when the ranks start
 in different seconds (hydra#2070) or on machines whose clocks differ. So rank 0 decides and the
 others follow, over the launcher's key-value store:

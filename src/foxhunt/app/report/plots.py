@@ -1,5 +1,5 @@
 """The run report's own plots (matplotlib): the learning curves, the IC by horizon and the
-calibration; the interpretation's are `foxhunt.app.interpret`'s."""
+calibration; the interpretation's are `foxhunt.app.predict.interpret`'s."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from foxhunt.app.interpret import new_figure
+from foxhunt.app.render import new_figure
 
 LEARNING_CURVES = "learning_curves.png"
 IC_BY_HORIZON = "ic_by_horizon.png"
@@ -16,7 +16,7 @@ CALIBRATION = "calibration.png"
 
 
 def plot_learning_curves(path: Path, epochs: dict[int, dict[str, float]]) -> bool:
-    """Train and validation loss per epoch (`report_figures.learning_curves`) into `path`."""
+    """Train and validation loss per epoch (`figures.learning_curves`) into `path`."""
     fig = new_figure(figsize=(7, 4))
     ax = fig.subplots()
     for key, label in (("train_loss_epoch", "train loss"), ("val_loss", "validation loss")):

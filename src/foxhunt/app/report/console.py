@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from foxhunt.app.report_figures import cross_sectional, listed, ranked
-from foxhunt.app.report_scores import ic_figures, spread, unseen_figures
+from foxhunt.app.report.figures import cross_sectional, listed, ranked
+from foxhunt.app.report.scores import ic_figures, spread, unseen_figures
 
 
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:

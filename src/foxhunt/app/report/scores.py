@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from foxhunt.app.report_figures import SHOWN, cross_sectional, listed, ranked, ranking
-from foxhunt.app.report_markdown import table
-from foxhunt.app.report_plots import CALIBRATION, IC_BY_HORIZON
+from foxhunt.app.report.figures import SHOWN, cross_sectional, listed, ranked, ranking
+from foxhunt.app.report.markdown import table
+from foxhunt.app.report.plots import CALIBRATION, IC_BY_HORIZON
 
 SPREAD = {"min": 0.0, "10%": 0.1, "25%": 0.25, "median": 0.5, "75%": 0.75, "90%": 0.9, "max": 1.0}
 

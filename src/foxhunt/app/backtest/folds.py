@@ -4,7 +4,8 @@ The last `folds x test_span` bars of the common timeline (every distinct time of
 are the folds' test periods, consecutive and in order. Fold k validates on the `val_span` bars
 just before its test period and trains on what comes before that: everything from the data's
 start (mode=expanding) or the last `train_span` bars (mode=rolling), with data.split.embargo bars
-kept out before each cut. A fold is an ordinary training run (`foxhunt.app.train.train` with its
+kept out before each cut. A fold is an ordinary training run
+(`foxhunt.app.train.phases.train` with its
 data.split.* cut times) in its own run directory: `fold-<k>/` of the backtest directory, or a
 multirun's job directory (`-m backtest.fold=0,1,2,3,4`, any Hydra launcher), which writes its
 test windows' forecasts to `test_forecasts.parquet` as every run does; `summarize` pools the
@@ -29,10 +30,10 @@ import pyarrow.parquet as pq
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.backtest_pool import pooled
-from foxhunt.app.backtest_report import backtest_report
-from foxhunt.app.sweep import SweepSummary
-from foxhunt.app.train import train
+from foxhunt.app.backtest.pool import pooled
+from foxhunt.app.backtest.report import backtest_report
+from foxhunt.app.train.phases import train
+from foxhunt.app.train.sweep import SweepSummary
 from foxhunt.config import EvalConfig
 from foxhunt.data.columns import resolve_target_kind
 from foxhunt.data.names import resolve_data

@@ -1,7 +1,7 @@
 """Serve a trained TFT outside Python: `model.onnx` and `model.json`.
 
 `foxhunt export ckpt_path=/abs/best.ckpt [export.out=DIR] [export.opset=18]`, or
-`foxhunt.app.export.export_onnx(path, out_dir)`, writes into the run directory
+`foxhunt.app.predict.export.export_onnx(path, out_dir)`, writes into the run directory
 (outputs/export/<date>/<time>/) or export.out:
 
 - model.onnx: the TFT as an ONNX graph (`foxhunt.precision.onnx`: torch.export, then
@@ -31,7 +31,6 @@ and onnxruntime only); docs/export.md describes the inputs for other runtimes.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from importlib.util import find_spec
 from pathlib import Path
@@ -40,8 +39,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from foxhunt.app.inference import data_changes, required_checkpoint
-from foxhunt.app.predict import Predictor, load
+from foxhunt.app.predict.predictor import Predictor, load
 from foxhunt.config import MIN_OPSET
 from foxhunt.data.serving import data_section, features, target_section
 from foxhunt.errors import ConfigError
@@ -182,30 +180,3 @@ def serve_version() -> str:
     """foxhunt_serve's version: its own distribution's (serve/), else foxhunt's, which ships it."""
     served = package_version("foxhunt-serve")
     return package_version("foxhunt") if served == "unknown" else served
-
-
-# --- the command line ------------------------------------------------------------------------
-
-
-def export_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """foxhunt export: export, print where and the parity, then one JSON line."""
-    required_checkpoint(cfg)
-    opts = cfg.export
-    chosen, changes = data_changes(cfg.data, overrides)
-    result = export_onnx(
-        cfg.ckpt_path,
-        opts.out or run_dir,
-        changes,
-        opset=opts.opset,
-        overwrite=opts.overwrite,
-        data_defaults=cfg.data if chosen else None,
-    )
-    parity = result["verification"]
-    print(
-        f"wrote {ONNX_FILE} ({result['onnx_bytes'] / 2**20:.1f} MB, opset {result['opset']}, "
-        f"{result['precision']}) and {JSON_FILE} to {result['out']}; ONNX Runtime matches "
-        f"PyTorch within {parity['max_rel_diff']:.1e} (relative) at batch "
-        f"{' and '.join(map(str, parity['batch_sizes']))}"
-    )
-    print(json.dumps(result))
-    return result

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from foxhunt.app.sweep import markdown_table
+from foxhunt.app.render import markdown_table
 from foxhunt.files import write_atomic
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ backtest fold and scored once on the test periods, beside the strongest baseline
 deflated Sharpe ratio and the probability of backtest overfitting of having chosen it
 (`foxhunt.evaluation.selection`). See docs/tune.md.
 
-- **Folds.** The backtest's fold plan (`foxhunt.app.backtest`, conf/backtest.yaml) fixes the
+- **Folds.** The backtest's fold plan (`foxhunt.app.backtest.folds`, conf/backtest.yaml) fixes the
   test periods. The study reads nothing from the first of them on: its `tune.folds` validation
   periods, each the backtest's val_span bars, end where that test period starts (the last is
   the backtest's first validation period), and a trial trains on what precedes each of them
@@ -16,7 +16,7 @@ deflated Sharpe ratio and the probability of backtest overfitting of having chos
   count; a trial that cannot fit in memory or whose combination is invalid is pruned with the
   reason; each running trial writes a heartbeat, so a resumed study re-runs the trials of dead
   workers (Optuna's own heartbeat is the RDB storage's alone, and only inside optimize).
-- **Storage** (`foxhunt.app.study`): a journal file in the study's directory (the default;
+- **Storage** (`foxhunt.app.tune.study`): a journal file in the study's directory (the default;
   file locks, so it works on a shared filesystem) or an RDB URL (PostgreSQL for several
   machines). The study is named after the command's overrides (tune.study to choose), so the
   same command continues it.
@@ -42,10 +42,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from foxhunt.app import backtest, tracking
-from foxhunt.app.backtest import Fold
-from foxhunt.app.study import JOURNAL as JOURNAL  # re-exported, as tests name it
-from foxhunt.app.study import (
+from foxhunt.app.backtest import folds as backtest
+from foxhunt.app.backtest.folds import Fold
+from foxhunt.app.train import tracking
+from foxhunt.app.train.phases import train
+from foxhunt.app.tune.study import JOURNAL as JOURNAL  # re-exported, as tests name it
+from foxhunt.app.tune.study import (
     Heartbeat,
     counts,
     counts_toward,
@@ -55,8 +57,7 @@ from foxhunt.app.study import (
     same_plan,
     storage_label,
 )
-from foxhunt.app.study import repair_journal as repair_journal  # re-exported, as tests call it
-from foxhunt.app.train import train
+from foxhunt.app.tune.study import repair_journal as repair_journal  # re-exported, as tests call it
 from foxhunt.config import validate
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
@@ -421,7 +422,7 @@ def summarize(cfg: DictConfig, study: optuna.Study, study_dir: Path) -> dict[str
     """The refit of the best trial's configuration on every backtest fold (once on the test
     periods), the selection statistics over the completed trials, tune_summary.json and
     tune_report.md."""
-    from foxhunt.app.tune_report import write_report
+    from foxhunt.app.tune.report import write_report
 
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -470,7 +471,7 @@ def pruning_saved(trials: list[optuna.trial.FrozenTrial]) -> float | None:
 
 def refit(cfg: DictConfig, params: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The best configuration trained on every backtest fold and scored once on its test
-    period (`foxhunt.app.backtest.run`, which continues a killed refit); the headline."""
+    period (`foxhunt.app.backtest.folds.run`, which continues a killed refit); the headline."""
     refit_cfg = with_params(cfg, params)
     bt = backtest.run(refit_cfg, out_dir, overrides=[])
     m, baselines = bt["metrics"], bt.get("baselines", {})

@@ -2,7 +2,7 @@
 
 In Python `foxhunt.load(path).predict(table_or_path)`; on the command line
 `foxhunt predict ckpt_path=/abs/best.ckpt data.path=new_bars.parquet`
-(`foxhunt.app.predict_cli`). The model is a checkpoint (.ckpt, run in float32)
+(`foxhunt.app.predict.command`). The model is a checkpoint (.ckpt, run in float32)
 or an export (`model_fp32.safetensors`; `model_int8.safetensors` on CPU). Its schema fixes the
 columns, the normalization and the window lengths; the data config (column names,
 features=ohlcv, NaN policy) is that of the checkpoint's training run, with any changes given on
@@ -55,7 +55,7 @@ from foxhunt_serve import (
 )
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import BEFORE_CALENDAR, run_device, training_data_config
+from foxhunt.app.predict.inference import BEFORE_CALENDAR, run_device, training_data_config
 from foxhunt.config import DataConfig, MemoryConfig, OptimConfig
 from foxhunt.data.columns import OHLCV_TARGET
 from foxhunt.data.datamodule import resolve_intraday

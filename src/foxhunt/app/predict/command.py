@@ -1,9 +1,16 @@
-"""The predict command line: `foxhunt predict ckpt_path=/abs/best.ckpt data.path=x`
-forecasts with `foxhunt.app.predict`, writes predictions.parquet (into the run directory or
-predict.out) and prints a preview and where it wrote."""
+"""The command lines of a trained model's commands, each from its composed config, its run
+directory and its overrides:
+- `foxhunt predict ckpt_path=/abs/best.ckpt data.path=x` forecasts with
+  `foxhunt.app.predict.predictor`, writes predictions.parquet (into the run directory or
+  predict.out) and prints a preview and where it wrote;
+- `foxhunt export` writes model.onnx and model.json (`foxhunt.app.predict.export`) and prints
+  where, the parity, then one JSON line;
+- `foxhunt interpret` writes interpretation.json and its plots
+  (`foxhunt.app.predict.interpret`) and prints one JSON line of where."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import data_changes, required_checkpoint
-from foxhunt.app.predict import load
+from foxhunt.app.predict.export import JSON_FILE, ONNX_FILE, export_onnx
+from foxhunt.app.predict.inference import data_changes, required_checkpoint
+from foxhunt.app.predict.interpret import interpret_checkpoint
+from foxhunt.app.predict.predictor import load
 from foxhunt.errors import ConfigError
 from foxhunt.files import check_writable, write_atomic
 
@@ -97,3 +106,37 @@ def predict_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dic
         "windows": windows,
         "calibration": cal.method if cal else None,
     }
+
+
+def export_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """foxhunt export: export, print where and the parity, then one JSON line."""
+    required_checkpoint(cfg)
+    opts = cfg.export
+    chosen, changes = data_changes(cfg.data, overrides)
+    result = export_onnx(
+        cfg.ckpt_path,
+        opts.out or run_dir,
+        changes,
+        opset=opts.opset,
+        overwrite=opts.overwrite,
+        data_defaults=cfg.data if chosen else None,
+    )
+    parity = result["verification"]
+    print(
+        f"wrote {ONNX_FILE} ({result['onnx_bytes'] / 2**20:.1f} MB, opset {result['opset']}, "
+        f"{result['precision']}) and {JSON_FILE} to {result['out']}; ONNX Runtime matches "
+        f"PyTorch within {parity['max_rel_diff']:.1e} (relative) at batch "
+        f"{' and '.join(map(str, parity['batch_sizes']))}"
+    )
+    print(json.dumps(result))
+    return result
+
+
+def interpret_command(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """foxhunt interpret: interpretation.json and its plots into interpret.out_dir (else the run
+    directory), then one JSON line of where."""
+    out_dir = Path(cfg.out_dir or run_dir)
+    result = interpret_checkpoint(cfg, out_dir, overrides)
+    files = ["interpretation.json", *result["plots"].values()]
+    print(json.dumps({"out_dir": str(out_dir.resolve()), "files": files}))
+    return result

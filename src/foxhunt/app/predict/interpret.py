@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.inference import (
+from foxhunt.app.predict.inference import (
     data_changes,
     required_checkpoint,
     run_device,
     training_data_config,
 )
+from foxhunt.app.render import have_matplotlib, new_figure
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, DataError
@@ -33,16 +34,6 @@ PLOTS = {
     "forecast_fan": "forecast_fan.png",
 }
 MAX_FAN_INSTRUMENTS = 6  # rows of the fan chart; more would not be readable in one image
-
-
-def have_matplotlib() -> bool:
-    """Whether plots can be drawn; says so in one log line when they cannot."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        log.warning("matplotlib is not installed: no plots (pip install matplotlib)")
-        return False
-    return True
 
 
 def variable_names(schema: DataSchema, model: torch.nn.Module) -> dict[str, list[str]]:
@@ -238,14 +229,6 @@ def _fan_windows(
         }
         for j, (name, index) in enumerate(chosen)
     ]
-
-
-def new_figure(**kwargs: Any) -> Any:
-    """A matplotlib Figure with constrained layout, made without pyplot (no global backend or
-    figure state is touched, so it works headless and inside other programs)."""
-    from matplotlib.figure import Figure
-
-    return Figure(layout="constrained", **kwargs)
 
 
 def _plot_importance(path: Path, result: dict[str, Any], top_k: int) -> None:

@@ -15,7 +15,7 @@ import pyarrow.dataset as pads
 import torch
 from foxhunt_serve import Todo, stored_outputs
 
-from foxhunt.app.predict import Predictor, build_windows
+from foxhunt.app.predict.predictor import Predictor, build_windows
 from foxhunt.data.names import resolve_names
 from foxhunt.errors import DataError
 from foxhunt.evaluation.calibration import Calibration

@@ -1,7 +1,7 @@
 """The run report: `report.md` in a training run's directory, with learning curves, test metrics
 against the naive baseline and the honest ones, calibration and the interpretation plots
-(`foxhunt.app.interpret`). Each section's figures come from `report_figures`, its plots from
-`report_plots`, its markdown from `report_markdown` and `report_scores`."""
+(`foxhunt.app.predict.interpret`). Each section's figures come from `figures`, its plots from
+`plots`, its markdown from `markdown` and `scores`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from foxhunt.app.interpret import have_matplotlib, interpret
-from foxhunt.app.report_figures import learning_curves
-from foxhunt.app.report_markdown import (
+from foxhunt.app.predict.interpret import interpret
+from foxhunt.app.render import have_matplotlib
+from foxhunt.app.report.figures import learning_curves
+from foxhunt.app.report.markdown import (
     calibration_section,
     config_section,
     curves_section,
@@ -25,8 +26,8 @@ from foxhunt.app.report_markdown import (
     metrics_section,
     rolls_section,
 )
-from foxhunt.app.report_plots import LEARNING_CURVES, plot_learning_curves, plot_quality
-from foxhunt.app.report_scores import (
+from foxhunt.app.report.plots import LEARNING_CURVES, plot_learning_curves, plot_quality
+from foxhunt.app.report.scores import (
     baselines_section,
     book_section,
     conformal_section,

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.app.render import markdown_table
 from foxhunt.run.dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -96,20 +97,6 @@ def _sort_key(row: dict[str, Any]) -> tuple[int, float]:
     m = row.get("metric")
     ok = row["status"] == "ok" and m is not None and not math.isnan(m)
     return (0, m) if ok else (1, 0.0)
-
-
-def markdown_table(head: list[str], rows: list[list[Any]], missing: str = "") -> list[str]:
-    """The lines of a markdown table; floats to 4 significant digits, None as `missing`."""
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return missing
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
 
 
 def _write_markdown(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
 """One training run from a composed config, as its phases: prepare, the resume point, assemble
-the parts (`foxhunt.app.assemble`), fit and test (DDP's hand-overs: `foxhunt.app.ddp`), finish:
+the parts (`foxhunt.app.train.assemble`), fit and test (DDP's hand-overs:
+`foxhunt.app.train.ddp`), finish:
 the model's forecasts evaluated (`foxhunt.evaluation.run`), the best model exported,
 summary.json, the report."""
 
@@ -23,11 +24,11 @@ import pyarrow.parquet as pq
 import torch
 from omegaconf import DictConfig
 
-from foxhunt.app import tracking
-from foxhunt.app.after_test import hold_after_test
-from foxhunt.app.assemble import Assembled, Resumed, assemble, check_same_model, plain
-from foxhunt.app.ddp import before_other_processes, srun_tasks_match
-from foxhunt.app.report import report_run
+from foxhunt.app.report.run_report import report_run
+from foxhunt.app.train import tracking
+from foxhunt.app.train.after_test import hold_after_test
+from foxhunt.app.train.assemble import Assembled, Resumed, assemble, check_same_model, plain
+from foxhunt.app.train.ddp import before_other_processes, srun_tasks_match
 from foxhunt.config import Metric, validate
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import ROLLS, rolls_table

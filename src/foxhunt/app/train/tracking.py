@@ -13,7 +13,8 @@ The rules:
   store; a database URL here would give each training process the database itself.
 - **Nothing registered runs code.** The registered model is files: the safetensors export,
   `schema.json` and `calibration.json` (from the export's own header), and `model.onnx` with
-  `model.json` (`foxhunt.app.export`) where the export extra is installed; no pickled pyfunc.
+  `model.json` (`foxhunt.app.predict.export`) where the export extra is installed; no pickled
+  pyfunc.
 - **No process-wide MLflow state.** Each call takes its client: Lightning's MLFlowLogger would
   set mlflow's global tracking URI (and the MLFLOW_TRACKING_URI environment variable).
 - **Nesting.** The study's run id is kept in the Optuna study (`mlflow_run_id`), so every
@@ -47,7 +48,7 @@ from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.files import read_export, write_json
 
 log = logging.getLogger(__name__)
-TARGET = "foxhunt.app.tracking.mlflow_loggers"  # conf/logger/mlflow.yaml's _target_
+TARGET = "foxhunt.app.train.tracking.mlflow_loggers"  # conf/logger/mlflow.yaml's _target_
 PARENT_TAG = "mlflow.parentRunId"  # what MLflow's UI nests runs by
 STUDY_ATTR = "mlflow_run_id"  # the study's parent run, in the Optuna study's user attributes
 CSV = {"_target_": "lightning.pytorch.loggers.CSVLogger", "name": "csv"}  # conf/logger/csv.yaml
@@ -327,7 +328,7 @@ def register(
 
 def _onnx(export: Path, model_dir: Path, data: DictConfig) -> None:
     """model.onnx and model.json beside the export; one warning where they cannot be made."""
-    from foxhunt.app.export import export_onnx
+    from foxhunt.app.predict.export import export_onnx
 
     try:
         export_onnx(export, model_dir, data_defaults=data, overwrite=True)

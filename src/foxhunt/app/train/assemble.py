@@ -1,6 +1,6 @@
 """The parts of one training run built from its config before fit: the logger, the callbacks,
 the Trainer (a wrong argument is one ConfigError line, before any data is read), the data and
-the LightningModule (`foxhunt.app.train` runs them)."""
+the LightningModule (`foxhunt.app.train.phases` runs them)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app import tracking
-from foxhunt.app.ddp import ddp_strategy
+from foxhunt.app.train import tracking
+from foxhunt.app.train.ddp import ddp_strategy
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.schema import DataSchema
 from foxhunt.errors import ConfigError, FoxhuntError
@@ -142,7 +142,7 @@ def _as_config_error(what: str) -> Iterator[None]:
 
 def make_logger(logger: DictConfig, run_dir: Path, resumed_in_place: bool) -> Logger | list[Logger]:
     """The logger group's `_target_`, writing into the run directory (logger=mlflow: the CSV
-    logger and MLflow's, `foxhunt.app.tracking`)."""
+    logger and MLflow's, `foxhunt.app.train.tracking`)."""
     # a run continued in its own directory logs beside the earlier logs (csv/resume-1/...):
     # Lightning's CSVLogger would otherwise delete the metrics.csv it finds
     version = ""

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from foxhunt.app.report_scores import (
+from foxhunt.app.render import markdown_table
+from foxhunt.app.report.scores import (
     book_section,
     conformal_section,
     headline_section,
     instrument_table,
 )
-from foxhunt.app.sweep import markdown_table
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -31,7 +31,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def backtest_report(summary: dict[str, Any], cut_keys: Sequence[str], summary_file: str) -> str:
-    """backtest_report.md of a backtest's `summary` (`foxhunt.app.backtest.summarize`): the
+    """backtest_report.md of a backtest's `summary` (`foxhunt.app.backtest.folds.summarize`): the
     folds' cut times (`cut_keys`), their metrics beside the pooled ones; `summary_file` is
     where the summary is written."""
     st, folds = summary["settings"], summary["folds"]

@@ -1,7 +1,7 @@
 """A tuning study in its storage, shared by several processes and machines: opened (a journal
 file in the study's directory, repaired after a killed worker, or an RDB URL), its plan
 recorded, its trial counts, and the trials of dead workers found by their heartbeats and queued
-again (`foxhunt.app.tune` runs the study loop over it)."""
+again (`foxhunt.app.tune.search` runs the study loop over it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The run report's sections on the run itself, as markdown lines: configuration, data and
 splits, futures rolls, batch sizes and memory, learning curves, test metrics, calibration and
-interpretation (the scores' sections: `foxhunt.app.report_scores`)."""
+interpretation (the scores' sections: `foxhunt.app.report.scores`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.app.interpret import PLOTS
-from foxhunt.app.report_figures import (
+from foxhunt.app.predict.interpret import PLOTS
+from foxhunt.app.render import markdown_table
+from foxhunt.app.report.figures import (
     PANEL_LISTED,
     SHOWN,
     bar_time,
@@ -19,8 +20,7 @@ from foxhunt.app.report_figures import (
     panel_splits,
     split_ranges,
 )
-from foxhunt.app.report_plots import LEARNING_CURVES
-from foxhunt.app.sweep import markdown_table
+from foxhunt.app.report.plots import LEARNING_CURVES
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.run.dir import RunDir
 

@@ -1,0 +1,1 @@
+"""`foxhunt backtest`: walk-forward folds, each a training run, pooled and reported."""

@@ -1,0 +1,1 @@
+"""`foxhunt inspect`: what foxhunt will make of a data file, before a run."""

@@ -1,0 +1,1 @@
+"""A trained model's commands: `foxhunt predict`, `foxhunt export` and `foxhunt interpret`."""

@@ -1,0 +1,1 @@
+"""`foxhunt tune`: an Optuna study over walk-forward folds, its storage and its report."""
