@@ -33,7 +33,7 @@ from foxhunt_serve.errors import InputError  # noqa: E402
 
 import foxhunt  # noqa: E402
 from foxhunt.app.predict.export import JSON_FILE, ONNX_FILE, export_dir, export_onnx  # noqa: E402
-from foxhunt.app.predict.predictor import build_windows  # noqa: E402
+from foxhunt.app.predict.windows import build_windows  # noqa: E402
 from foxhunt.app.train.phases import train  # noqa: E402
 from foxhunt.config import DataConfig  # noqa: E402
 from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402

@@ -12,6 +12,7 @@ from foxhunt.conf import CONF_DIR
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.precision import precision_of
 from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.training.module import upgrade
 from tests.helpers import compose_train
 
 
@@ -83,12 +84,16 @@ def test_a_checkpoint_resumes_only_into_its_precision_family():
 def test_a_checkpoint_saved_before_a_model_key_resumes_only_as_it_was_built():
     # a checkpoint saved before #45 lacks highway_first: its highway came before the monotone
     # head, a different model from today's default, refused with the override that resumes it
+    # (as read: `upgrade` fills in the keys of its format)
+    def read(model):
+        return upgrade({"model": model, "optim": {}}, "ckpt")
+
     saved = {"hidden_dim": 16, "highway": True, "monotone": True}
     fp32 = precision_of({"name": "fp32"})
     with pytest.raises(ConfigError, match=r"different model: model.highway_first=True$"):
-        _check_same_model({"model": saved}, {**saved, "highway_first": False}, fp32)
-    _check_same_model({"model": saved}, {**saved, "highway_first": True}, fp32)
+        _check_same_model(read(saved), {**saved, "highway_first": False}, fp32)
+    _check_same_model(read(saved), {**saved, "highway_first": True}, fp32)
     # and one saved before the highway: model.highway=false resumes it
     with pytest.raises(ConfigError, match=r"different model: model.highway=False$"):
-        _check_same_model({"model": {"hidden_dim": 16}}, {"hidden_dim": 16, "highway": True}, fp32)
-    _check_same_model({"model": {"hidden_dim": 16}}, {"hidden_dim": 16, "highway": False}, fp32)
+        _check_same_model(read({"hidden_dim": 16}), {"hidden_dim": 16, "highway": True}, fp32)
+    _check_same_model(read({"hidden_dim": 16}), {"hidden_dim": 16, "highway": False}, fp32)

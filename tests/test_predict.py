@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 
 import foxhunt
 from foxhunt.app.predict.inference import training_data_config
-from foxhunt.app.predict.predictor import _schema_data_config, build_windows
+from foxhunt.app.predict.predictor import _schema_data_config
+from foxhunt.app.predict.windows import build_windows
 from foxhunt.app.train.phases import train
 from foxhunt.data.features import clock_of, derive_features
 from foxhunt.data.horizon import Future, known_of

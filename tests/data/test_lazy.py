@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from foxhunt.app.predict.predictor import build_windows
+from foxhunt.app.predict.windows import build_windows
 from foxhunt.config import SplitConfig
 from foxhunt.data import store as store_module
 from foxhunt.data.datamodule import ParquetDataModule

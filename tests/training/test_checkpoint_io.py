@@ -22,7 +22,7 @@ from foxhunt.errors import CheckpointError, WriteError
 from foxhunt.files import TMP_SUFFIX, load_file, remove_stale_temps, write_atomic
 from foxhunt.precision.fp32 import export_weights, load_weights
 from foxhunt.quantization import load_int8
-from foxhunt.training.module import model_init
+from foxhunt.training.module import CHECKPOINT_FORMAT, model_init, upgrade
 from tests.helpers import (
     ROOT,
     compose_train,
@@ -155,11 +155,24 @@ def test_a_model_saved_with_the_highway_before_the_monotone_head_loads_as_it_was
         highway = model.highway(batch["encoder_cont"][:, -1], batch["decoder_known"])
     assert torch.equal(got, model.monotone(heads[0] + highway))  # the old order, bit for bit
     schema = DataSchema.from_dict(hparams["schema"])
-    init = model_init(hparams["model"], schema)
+    init = model_init(upgrade(hparams, old)["model"], schema)
     assert init.pop("highway_first") is True
     export_weights(model, init, tmp_path / "old.safetensors", hparams["schema"])
     with torch.no_grad():
         assert torch.equal(load_weights(tmp_path / "old.safetensors")[0](batch), got)
+
+
+def test_a_checkpoint_says_its_format_and_a_later_format_is_one_refusal(tiny_run, tmp_path):
+    ckpt = torch.load(tiny_run.ckpt, weights_only=True)
+    assert ckpt["hyper_parameters"]["format_version"] == CHECKPOINT_FORMAT
+    ckpt["hyper_parameters"]["format_version"] = CHECKPOINT_FORMAT + 1
+    later = tmp_path / "later.ckpt"
+    torch.save(ckpt, later)
+    said = (
+        f"format {CHECKPOINT_FORMAT + 1}, and this foxhunt reads formats up to {CHECKPOINT_FORMAT}"
+    )
+    with pytest.raises(CheckpointError, match=said):
+        foxhunt.load(later)
 
 
 def test_a_checkpoint_saved_before_unseen_names_refuses_one_in_one_line(tmp_path):

@@ -12,7 +12,7 @@ from foxhunt.app.train.phases import train
 from foxhunt.config import ModelConfig, OptimConfig
 from foxhunt.data.schema import DataSchema
 from foxhunt.precision.onnx import onnx_inputs
-from foxhunt.training.module import TFTModule, forecasts_unseen, instrument_rows
+from foxhunt.training.module import TFTModule, forecasts_unseen, instrument_rows, upgrade
 from tests.helpers import FIVE_MIN, compose_train, make_table, tiny_overrides, write_table
 
 
@@ -61,9 +61,13 @@ def test_without_the_embedding_the_model_has_no_id_input():
     assert forecasts_unseen(module.model, schema)  # only the data tells the names apart
     assert "instrument" not in {i["name"] for i in onnx_inputs(schema, 0)}
     assert "instrument" in {i["name"] for i in onnx_inputs(schema, 4)}
-    # a model saved before #60: one row per name, none for an unseen one
-    saved_before = {k: v for k, v in module.hparams.model.items() if k != "instrument_embedding"}
-    assert instrument_rows(saved_before, schema) == 3
+    # a model saved before #60 (format 0): one row per name, none for an unseen one
+    hparams = dict(module.hparams)
+    hparams["model"] = {k: v for k, v in hparams["model"].items() if k != "instrument_embedding"}
+    del hparams["format_version"]
+    saved_before = upgrade(hparams, "ckpt")
+    assert saved_before["format_version"] == 0
+    assert instrument_rows(saved_before["model"], schema, 0) == 3
 
 
 def test_a_model_without_the_embedding_forecasts_a_name_listed_after_training(tmp_path):

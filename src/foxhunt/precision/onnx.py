@@ -110,7 +110,7 @@ class OnnxModel(nn.Module):
     def __init__(self, model: nn.Module, schema: DataSchema) -> None:
         super().__init__()
         self.model = model
-        self.instruments = getattr(model, "instrument_rows", len(schema.groups))
+        self.instruments = model.instrument_rows
         self.encoder_length = schema.encoder_length
         self.prediction_length = schema.prediction_length
 

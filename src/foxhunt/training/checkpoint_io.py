@@ -16,7 +16,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from foxhunt.errors import CheckpointError
 from foxhunt.files import load_file, write_atomic
-from foxhunt.training.module import TFTModule, check_hparams
+from foxhunt.training.module import TFTModule, check_hparams, upgrade
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -31,8 +31,18 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None):
         ckpt = load_file(path, map_location or "cpu")
-        check_hparams(ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None, path)
-        return ckpt
+        return _checked(
+            ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None, ckpt, path
+        )
+
+
+def _checked(hparams: Any, ckpt: Any, path: Any) -> Any:
+    """The loaded checkpoint with its hyper_parameters checked (`check_hparams`) and upgraded
+    to this foxhunt's reading of them (`upgrade`: their format's missing keys filled in)."""
+    check_hparams(hparams, path)
+    if "model" in hparams and "optim" in hparams:
+        ckpt["hyper_parameters"] = upgrade(hparams, path)
+    return ckpt
 
 
 def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
@@ -43,7 +53,7 @@ def read_checkpoint(ckpt_path: str | Path) -> tuple[Path, Any]:
         raise CheckpointError(f"checkpoint not found: {path}")
     ckpt = load_file(path)
     if isinstance(ckpt, dict) and "hyper_parameters" in ckpt:
-        check_hparams(ckpt["hyper_parameters"], path)
+        ckpt = _checked(ckpt["hyper_parameters"], ckpt, path)
     return path, ckpt
 
 

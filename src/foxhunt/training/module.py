@@ -29,8 +29,15 @@ log = logging.getLogger(__name__)
 
 
 # What a checkpoint's hyper_parameters hold: plain dicts (a ModelConfig, OptimConfig and
-# PrecisionConfig as containers, enums as their strings) and the schema's dict, so checkpoints
-# load weights-only and old ones (tests/fixtures/legacy_0.1.0) still do.
+# PrecisionConfig as containers, enums as their strings), the schema's dict and the format, so
+# checkpoints load weights-only and old ones (tests/fixtures/legacy_0.1.0) still do.
+
+# A checkpoint's format (hyper_parameters["format_version"], saved since #70), read by `upgrade`
+# alone:
+#   0: foxhunt 0.1 to #59: an instrument embedding always, a row per training name and none for
+#      an unseen one; before #25 and #28 no highway or monotone head (UNSAVED_DEFAULTS)
+#   1: #60 on: model.instrument_embedding saved, and with it the unseen name's row
+CHECKPOINT_FORMAT = 1
 
 
 class ModelHparams(TypedDict):
@@ -47,8 +54,7 @@ class ModelHparams(TypedDict):
     monotone: NotRequired[bool]
     highway_first: NotRequired[bool]
     compile: NotRequired[bool | str]  # auto | true | false | a torch.compile mode
-    # absent: saved before #60, a row per training name and none for an unseen one
-    instrument_embedding: NotRequired[bool]
+    instrument_embedding: NotRequired[bool]  # absent: saved before #60 (format 0)
     unseen_share: NotRequired[float]
     ensemble: NotRequired[int]  # members (foxhunt.models.ensemble); absent: saved before, one
 
@@ -83,6 +89,7 @@ HPARAMS: dict[str, type | None] = {
     "schema": DataSchema,
     "optim": OptimHparams,
     "precision": PrecisionHparams,
+    "format_version": None,
 }
 
 
@@ -107,29 +114,50 @@ def check_hparams(hparams: Any, source: Any) -> None:
         )
 
 
-def instrument_rows(model: ModelHparams, schema: DataSchema) -> int:
+def upgrade(hparams: dict[str, Any], source: Any) -> dict[str, Any]:
+    """A checkpoint's hyper_parameters (checked by `check_hparams`) with its format, and every
+    key its format lacks as its model was built: the one reader of CHECKPOINT_FORMAT. A later
+    format than this foxhunt's is one CheckpointError line."""
+    model = hparams["model"]
+    found = hparams.get("format_version", 1 if "instrument_embedding" in model else 0)
+    if not isinstance(found, int) or not 0 <= found <= CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{source}: checkpoint format {found!r}, and this foxhunt reads formats up to "
+            f"{CHECKPOINT_FORMAT}: a later version's checkpoint, refused"
+        )
+    before = {**UNSAVED_DEFAULTS, "ensemble": 1} | (
+        {"instrument_embedding": True} if not found else {}
+    )
+    optim = {"xs_weight": 0.0, **hparams["optim"]}  # #69's term: none before it
+    return {**hparams, "model": {**before, **model}, "optim": optim, "format_version": found}
+
+
+def instrument_rows(model: ModelHparams, schema: DataSchema, fmt: int = CHECKPOINT_FORMAT) -> int:
     """The rows of the model's instrument embedding: one per training name (the schema's
-    vocabulary) and the unseen name's after them; 0 without one (one unnamed series, or
-    model.instrument_embedding=false); a model saved before #60 has no unseen row."""
-    if not schema.groups or not model.get("instrument_embedding", True):
+    vocabulary) and, from format 1, the unseen name's after them; 0 without one (one unnamed
+    series, or model.instrument_embedding=false)."""
+    if not schema.groups or not model["instrument_embedding"]:
         return 0
-    return len(schema.groups) + ("instrument_embedding" in model)
+    return len(schema.groups) + (fmt >= 1)
 
 
 def forecasts_unseen(model: nn.Module, schema: DataSchema) -> bool:
     """Whether the TFT `model` forecasts a name outside its vocabulary: it has the unseen
     name's row, or no instrument embedding at all (those saved before #60 have neither)."""
-    return getattr(model, "instrument_rows", len(schema.groups)) != len(schema.groups)
+    return model.instrument_rows != len(schema.groups)
 
 
-def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
-    """The TemporalFusionTransformer's constructor arguments for a ModelConfig and a schema
-    (with model.ensemble's members: `foxhunt.models.ensemble.build`'s)."""
+def model_init(
+    model: ModelHparams, schema: DataSchema, fmt: int = CHECKPOINT_FORMAT
+) -> dict[str, Any]:
+    """The TemporalFusionTransformer's constructor arguments for a ModelConfig (or a checkpoint's
+    model, of format `fmt`) and a schema (with model.ensemble's members:
+    `foxhunt.models.ensemble.build`'s)."""
     return {
         "num_observed": 1 + len(schema.observed),  # the target's history leads the observed
         "num_known": len(schema.known),
         "prediction_length": schema.prediction_length,
-        "static_cardinalities": [rows] if (rows := instrument_rows(model, schema)) else [],
+        "static_cardinalities": [rows] if (rows := instrument_rows(model, schema, fmt)) else [],
         "num_static_real": len(schema.static_inputs),  # with the target scale's
         "anchor": schema.target_anchor,
         "hidden_dim": model["hidden_dim"],
@@ -138,10 +166,9 @@ def model_init(model: ModelHparams, schema: DataSchema) -> dict[str, Any]:
         "dropout": model["dropout"],
         "variable_dim": model["variable_dim"],
         "quantiles": list(model["quantiles"]),
-        # the keys a checkpoint saved before them lacks, as it was built
-        **{k: model.get(k, unsaved) for k, unsaved in UNSAVED_DEFAULTS.items()},
+        **{k: model[k] for k in UNSAVED_DEFAULTS},
         # (one model's arguments stay as they were before ensembles)
-        **({MEMBERS: k} if (k := model.get("ensemble", 1)) > 1 else {}),
+        **({MEMBERS: model["ensemble"]} if model["ensemble"] > 1 else {}),
     }
 
 
@@ -150,11 +177,13 @@ def build_model(
     schema: DataSchema,
     precision: PrecisionHparams | None = None,
     traced: bool = False,
+    fmt: int = CHECKPOINT_FORMAT,
 ) -> nn.Module:
     """The TFT (or model.ensemble's TFTs) sized for `schema` with the hyperparameters of a
-    `ModelConfig`, prepared for training in `precision` (quantization-aware for int8;
-    `traced`: for a FakeTensorMode memory trace)."""
-    return precision_of(precision).prepare_model(build(model_init(model, schema)), traced)
+    `ModelConfig` (or a checkpoint's, of format `fmt`), prepared for training in `precision`
+    (quantization-aware for int8; `traced`: for a FakeTensorMode memory trace)."""
+    init = model_init(model, schema, fmt)
+    return precision_of(precision).prepare_model(build(init), traced)
 
 
 def _numpy_state(state: tuple) -> tuple:
@@ -218,12 +247,13 @@ class TFTModule(L.LightningModule):
         schema: dict[str, Any],  # DataSchema.to_dict()
         optim: OptimHparams,
         precision: PrecisionHparams | None = None,
+        format_version: int = CHECKPOINT_FORMAT,  # a checkpoint's, after `upgrade`
     ):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False  # see training_step
         self.schema = DataSchema.from_dict(schema)
-        self.model = build_model(model, self.schema, precision)
+        self.model = build_model(model, self.schema, precision, fmt=format_version)
         self._compiled = False  # compiled in setup(), for the device (model.compile)
         # the run's data config (plain containers), kept in its checkpoints beside the
         # hyperparameters: not one of them, which a checkpoint must be able to rebuild alone
@@ -322,7 +352,7 @@ class TFTModule(L.LightningModule):
         """The batch with the unseen name's embedding row in place of the name on a share
         (model.unseen_share) of its windows, drawn from torch's seeded RNG: how that row learns
         what a name the model has not seen looks like."""
-        rows = instrument_rows(self.hparams.model, self.schema)
+        rows = instrument_rows(self.hparams.model, self.schema, self.hparams.format_version)
         share = float(self.hparams.model.get("unseen_share", 0.0))
         if not share or rows <= len(self.schema.groups):
             return batch
@@ -346,7 +376,7 @@ class TFTModule(L.LightningModule):
                 backward=self.manual_backward,
                 runner=getattr(self, "_chunk_runner", None),
                 before_update=self._average_gradients,
-                xs_weight=float(self.hparams.optim.get("xs_weight", 0.0)),
+                xs_weight=float(self.hparams.optim["xs_weight"]),
             )
         scheduler = self.lr_schedulers()
         if scheduler is not None:

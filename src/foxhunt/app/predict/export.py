@@ -149,7 +149,7 @@ def model_description(
         "unseen_instruments": forecasts_unseen(predictor.model, schema),
         # of them, those without a training window: forecast as unseen names
         "untrained_instruments": list(schema.untrained),
-        "inputs": onnx_inputs(schema, getattr(predictor.model, "instrument_rows", None)),
+        "inputs": onnx_inputs(schema, predictor.model.instrument_rows),
         "output": {
             "name": OUTPUT,
             "dtype": "float32",

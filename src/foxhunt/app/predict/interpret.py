@@ -39,7 +39,7 @@ MAX_FAN_INSTRUMENTS = 6  # rows of the fan chart; more would not be readable in 
 def variable_names(schema: DataSchema, model: torch.nn.Module) -> dict[str, list[str]]:
     """The inputs of each variable selection network of the TFT `model`, in its order (the
     instrument's embedding first, where it has one)."""
-    embedded = getattr(model, "instrument_rows", len(schema.groups)) > 0
+    embedded = model.instrument_rows > 0
     return {
         "static": (["instrument"] if embedded else []) + schema.static_inputs,
         "encoder": [f"{schema.target} (target)", *schema.observed, *schema.known, "relative time"],

@@ -15,7 +15,8 @@ import pyarrow.dataset as pads
 import torch
 from foxhunt_serve import Todo, stored_outputs
 
-from foxhunt.app.predict.predictor import Predictor, build_windows
+from foxhunt.app.predict.predictor import Predictor
+from foxhunt.app.predict.windows import build_windows
 from foxhunt.data.names import resolve_names
 from foxhunt.errors import DataError
 from foxhunt.evaluation.calibration import Calibration

@@ -27,7 +27,6 @@ from foxhunt.errors import ConfigError, FoxhuntError
 from foxhunt.evaluation.loss import xs_weight_of
 from foxhunt.memory.callbacks import memory_callbacks
 from foxhunt.memory.search import BatchSizeSearch
-from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision import Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.threads import ShareCpus
@@ -110,8 +109,7 @@ def check_same_model(
     hparams: dict[str, Any], model_cfg: dict[str, Any], precision: Precision
 ) -> None:
     """A checkpoint resumes only into the model (and precision family) it was trained as."""
-    # a key the checkpoint lacks as its model was built (the override that resumes it)
-    trained_as = {**UNSAVED_DEFAULTS, "ensemble": 1, **hparams["model"]}
+    trained_as = hparams["model"]  # with the keys its format lacks (read_checkpoint_hparams)
     changed = [
         k for k in model_cfg if k not in RUNTIME_MODEL_KEYS and trained_as.get(k) != model_cfg[k]
     ]
