@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from foxhunt.data.synthetic import synthetic_panel
+from foxhunt.data.samples.synthetic import synthetic_panel
 
 MIB = 2**20
 T0 = np.datetime64("2020-01-06T00:00:00", "ns").astype(np.int64)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("trainer.max_epochs=1", "trainer.limit_train_batches=50")

@@ -4,8 +4,8 @@
                                    [--theirs pf|darts|pf,darts|none] [--threads 2] [--lean]
                                    [--compile [--compile-mode reduce-overhead]]
 
-The models see the same synthetic data (`foxhunt.data.synthetic`) and shapes. Ours trains with
-the step training runs (`foxhunt.training.step.train_step`), theirs with the same sequence:
+The models see the same synthetic data (`foxhunt.data.samples.synthetic`) and shapes. Ours trains
+with the step training runs (`foxhunt.training.step.train_step`), theirs with the same sequence:
 zero the gradients, forward, the same quantile loss (Darts: its own QuantileRegression),
 backward, AdamW step. The timed loops alternate (ours, theirs, ours, theirs, ...) so that drift
 of a shared machine (turbo, other jobs) hits all alike. The output is a table, then, as the last
@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.synthetic import synthetic_panel
+from foxhunt.data.samples.synthetic import synthetic_panel
 from foxhunt.evaluation.loss import quantile_loss
 from foxhunt.memory import MB, PARTS
 from foxhunt.memory.heap import keep_freed_memory

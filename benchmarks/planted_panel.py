@@ -1,5 +1,5 @@
 """A daily stock panel with a planted weak alpha: the synthetic panel of
-`foxhunt.data.sample.stock_panel_table` (staggered listings, delistings, halts, a sector static,
+`foxhunt.data.samples.stock_panel_table` (staggered listings, delistings, halts, a sector static,
 idiosyncratic volatility 0.8-3% a day) with an observed column ``signal`` whose correlation with
 each name's next bar's log return of the close is `corr` (0.1 by default, the size of a real
 signal), the same in every name: signal[t] = corr * z[t + 1] + sqrt(1 - corr**2) * noise, z a
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from scipy.signal import lfilter
 
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 from foxhunt.files import write_atomic
 
 OVERRIDES = (

@@ -1,5 +1,5 @@
 """A daily stock panel whose edges are the size of real ones (#69): the synthetic panel of
-`foxhunt.data.sample.stock_panel_table` (a market factor with volatility clustering, a factor
+`foxhunt.data.samples.stock_panel_table` (a market factor with volatility clustering, a factor
 per sector, idiosyncratic Student-t(4) noise of 0.8-3% a day, staggered listings, delistings and
 halts) with three anomalies planted in its prices, each name's expected next return moved by
 its own return deviation sigma times
@@ -31,7 +31,7 @@ import pyarrow as pa
 from scipy.special import ndtri
 
 from benchmarks.planted_panel import write_planted_panel
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 
 REVERSAL, MOMENTUM, LOW_VOL = 0.03, 0.0175, 0.02  # in units of each name's return deviation
 SHORT, LONG, SKIP, VOL = 5, 252, 21, 60  # the signals' bars

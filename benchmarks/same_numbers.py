@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from benchmarks.panel_study import commit
-from foxhunt.data.sample import make_stock_panel
+from foxhunt.data.samples import make_stock_panel
 
 BIN = Path(sys.executable).parent
 RESULTS = Path(__file__).parent / "results"

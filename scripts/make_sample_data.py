@@ -1,4 +1,4 @@
-"""Write the synthetic E-mini S&P 500 futures sample or a daily stock panel (foxhunt.data.sample).
+"""Write the synthetic E-mini S&P 500 futures sample or a daily stock panel (foxhunt.data.samples).
 
 Usage: python scripts/make_sample_data.py [--out data/ES_FUT_small.parquet] [--days 80] [--seed 0]
        python scripts/make_sample_data.py --panel [50] [--out data/stock_panel.parquet]
@@ -11,7 +11,7 @@ import argparse
 
 import pyarrow.parquet as pq
 
-from foxhunt.data.sample import (
+from foxhunt.data.samples import (
     PANEL_DAYS,
     PANEL_SECTORS,
     SAMPLE_PATH,

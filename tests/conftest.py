@@ -178,7 +178,7 @@ def data_cfg(table_path: Path) -> DataConfig:
 @pytest.fixture(scope="session")
 def es_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small slice of the bundled synthetic ES sample (real OHLCV schema)."""
-    from foxhunt.data.sample import make_es_sample
+    from foxhunt.data.samples import make_es_sample
 
     return make_es_sample(tmp_path_factory.mktemp("es") / "ES_FUT_tiny.parquet", days=12)
 

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 from tests.helpers import run_script
 
 PANEL = ("data=parquet", "data.group_column=symbol", "data.features=ohlcv")

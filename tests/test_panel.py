@@ -8,7 +8,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 from tests.helpers import SMALL_MODEL, run_script
 
 INSTRUMENTS = 250

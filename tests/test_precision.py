@@ -11,7 +11,7 @@ from foxhunt.app.train.assemble import check_same_model as _check_same_model
 from foxhunt.conf import CONF_DIR
 from foxhunt.errors import CheckpointError, ConfigError
 from foxhunt.precision import precision_of
-from foxhunt.quantization.callbacks import QATSchedule
+from foxhunt.quantization.schedule import QATSchedule
 from foxhunt.training.module import upgrade
 from tests.helpers import compose_train
 

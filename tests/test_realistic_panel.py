@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from benchmarks.realistic_panel import anomaly_ics, plant_anomalies
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 
 
 def test_each_anomaly_alone_ranks_the_next_bar_as_a_real_signal_and_plain_noise_nothing():

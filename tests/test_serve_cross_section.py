@@ -28,7 +28,7 @@ from foxhunt_serve.windows import check_history
 
 import foxhunt
 import foxhunt.app.predict.predictor as app_predict
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 from tests.helpers import TINY_MODEL, make_table, run_cli, run_script, walked_from_the_run_s_start
 
 TIMES, NAMES, H = 30, 40, 4

@@ -26,7 +26,7 @@ from foxhunt.checks import validate as validate
 TimeUnit = StrEnum("TimeUnit", ["s", "ms", "us", "ns"])
 TargetKind = StrEnum("TargetKind", ["auto", "return", "level"])  # naive: zero return, last value
 TargetScale = StrEnum("TargetScale", ["instrument", "global"])  # foxhunt_serve.scaling
-CrossSection = StrEnum("CrossSection", ["none", "rank", "zscore"])  # foxhunt.data.cross_section
+CrossSection = StrEnum("CrossSection", ["none", "rank", "zscore"])  # foxhunt.data.panel_inputs
 TargetTransform = StrEnum("TargetTransform", ["auto", "none", "xs_demean", "xs_rank"])
 NanPolicy = StrEnum("NanPolicy", ["error", "ffill", "drop"])
 Schedule = StrEnum("Schedule", ["cosine", "onecycle", "none"])  # cosine: linear warm-up first
@@ -167,7 +167,7 @@ class DataConfig:
     # each instrument's target on its own training rows' scale, which the model also sees as a
     # static input (instrument; foxhunt_serve.scaling), or one pooled scale (global)
     target_scale: TargetScale = TargetScale.instrument
-    # each date's cross-section (foxhunt.data.cross_section): every input's rank or z-score
+    # each date's cross-section (foxhunt.data.panel_inputs): every input's rank or z-score
     # among the names then beside it; the names' mean target, dispersion and breadth as inputs;
     # the target less their mean, or its rank (auto: less their mean on a panel of returns)
     cross_section: CrossSection = CrossSection.none

@@ -19,7 +19,7 @@ from foxhunt.config import DataConfig
 from foxhunt.data.daylight import warning
 from foxhunt.data.features import clock_of, learned_sessions
 from foxhunt.data.read import load_table
-from foxhunt.data.sample import es_sample_table
+from foxhunt.data.samples import es_sample_table
 from foxhunt.data.schema import DataSchema
 from tests.helpers import (
     compose_train,

@@ -17,9 +17,9 @@ from foxhunt_serve.cross_section import CONTEXT, by_date
 from scipy.stats import rankdata
 
 from foxhunt.config import DataConfig
-from foxhunt.data.cross_section import PANEL_NAMES
+from foxhunt.data.panel_inputs import PANEL_NAMES
 from foxhunt.data.read import read_data
-from foxhunt.data.sample import stock_panel_table
+from foxhunt.data.samples import stock_panel_table
 from foxhunt.errors import ConfigError
 from foxhunt.evaluation.loss import XS_WEIGHT
 from foxhunt.training.checkpoint_io import read_checkpoint_hparams

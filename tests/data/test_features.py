@@ -285,7 +285,7 @@ def test_speed_225_features_30k_rows():
 
 
 def test_on_sample_data():
-    from foxhunt.data.sample import es_sample_table
+    from foxhunt.data.samples import es_sample_table
 
     table = es_sample_table(days=10, seed=1)
     sym = np.asarray(table["symbol"].to_pylist())

@@ -309,7 +309,7 @@ def check(folder: Path, columns: list[Column], how: dict, settings_: dict) -> No
         and eager.schema.target_transform != "none"
     ):
         # a cross-sectional target needs the panel in memory: the lazy read refuses it in one
-        # line rather than train another target (foxhunt.data.cross_section)
+        # line rather than train another target (foxhunt.data.panel_inputs)
         assert "needs every name's rows at once" in lazy, lazy
         event("lazy refuses the cross-sectional target")
         return

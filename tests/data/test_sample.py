@@ -1,4 +1,4 @@
-"""Tests of the synthetic E-mini S&P 500 sample (foxhunt.data.sample)."""
+"""Tests of the synthetic E-mini S&P 500 sample (foxhunt.data.samples)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve.clock import Clock
 
-from foxhunt.data import sample as sample_module
 from foxhunt.data import source as source_module
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.sample import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
-from foxhunt.data.sample_es import ZONE
+from foxhunt.data.samples import ES_TICK, SAMPLE_PATH, es_sample_table, make_es_sample
+from foxhunt.data.samples import es as sample_module
+from foxhunt.data.samples.es import ZONE
 from foxhunt.data.schema import footer_schema
 from foxhunt.data.source import ensure_sample
 from foxhunt.errors import DataError

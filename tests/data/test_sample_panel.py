@@ -1,4 +1,4 @@
-"""Tests of the synthetic daily stock panel (foxhunt.data.sample.stock_panel_table): a vendor's
+"""Tests of the synthetic daily stock panel (foxhunt.data.samples.stock_panel_table): a vendor's
 file of many stocks, its invariants checked across the whole panel at once."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from foxhunt_serve import ROOT_PATTERN, parse_contract
 
-from foxhunt.data import sample as sample_module
 from foxhunt.data.datamodule import ParquetDataModule
-from foxhunt.data.sample import (
+from foxhunt.data.samples import (
     PANEL_DAYS,
     PANEL_END,
     PANEL_SCHEMA,
@@ -24,6 +23,7 @@ from foxhunt.data.sample import (
     make_stock_panel,
     stock_panel_table,
 )
+from foxhunt.data.samples import stocks as sample_module
 from foxhunt.errors import DataError
 from tests.helpers import ROOT, compose_train
 

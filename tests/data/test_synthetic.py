@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foxhunt.data.synthetic import ar1, synthetic_panel
+from foxhunt.data.samples.synthetic import ar1, synthetic_panel
 
 
 def test_panel_columns_and_reproducibility():

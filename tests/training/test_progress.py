@@ -1,5 +1,5 @@
 """Lightning's progress bar on a terminal, one line per epoch elsewhere
-(`foxhunt.training.progress`); the lines themselves: tests/test_commands.py's tiny run."""
+(`foxhunt.training.epoch_lines`); the lines themselves: tests/test_commands.py's tiny run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import OmegaConf
 
-from foxhunt.training.progress import EpochLines, epoch_lines
+from foxhunt.training.epoch_lines import EpochLines, epoch_lines
 
 
 class Terminal(io.StringIO):

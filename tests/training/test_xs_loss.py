@@ -85,7 +85,7 @@ def test_batches_by_date_hold_each_date_together_in_a_fresh_order_each_epoch(wor
 def test_a_training_with_the_term_batches_by_date_and_finishes(tmp_path):
     import pyarrow.parquet as pq
 
-    from foxhunt.data.sample import stock_panel_table
+    from foxhunt.data.samples import stock_panel_table
     from tests.helpers import TINY_MODEL, compose_train, run_cli
 
     pq.write_table(stock_panel_table(20, days=200, seed=4), tmp_path / "panel.parquet")

@@ -20,7 +20,7 @@ from foxhunt_serve import TIME_UNITS, Roll, as_float, as_text, group_codes, read
 from foxhunt_serve import make_series as serve_series
 
 from foxhunt.config import parse_time
-from foxhunt.data import cross_section
+from foxhunt.data import panel_inputs
 from foxhunt.data.columns import (
     ColumnPlan,
     check_files,
@@ -58,7 +58,7 @@ class Loaded:
     series: Iterable[Series]  # a list from `read_data`, an iterator from `stream`
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
     rolls: list[Roll] = field(default_factory=list)  # data.futures: every root's rolls
-    target_transform: str = "none"  # as applied (`foxhunt.data.cross_section`)
+    target_transform: str = "none"  # as applied (`foxhunt.data.panel_inputs`)
 
     @classmethod
     def of(cls, plan: ColumnPlan, series: Iterable[Series], rolls: list[Roll] = ()) -> Loaded:
@@ -188,7 +188,7 @@ def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = N
             if problems is None:
                 raise
             problems.append(str(exc))
-    return cross_section.apply(Loaded.of(plan, series, rolls), cfg)
+    return panel_inputs.apply(Loaded.of(plan, series, rolls), cfg)
 
 
 def read_end(cfg: Any) -> int | None:

@@ -52,7 +52,7 @@ class DataSchema:
     # each instrument's sessions learned from its bars (`foxhunt_serve.clock.Sessions`): the
     # steps after a short input's bars follow them; empty: saved before they were carried
     sessions: dict[str, Any] = field(default_factory=dict)
-    # data.target_transform as applied (foxhunt.data.cross_section; auto resolved): predict and
+    # data.target_transform as applied (foxhunt.data.panel_inputs; auto resolved): predict and
     # the consumer apply it too; "none" for the models saved before it
     target_transform: str = "none"
     # the names in `groups` without a training window: a model with the unseen name's row

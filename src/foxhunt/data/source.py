@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from foxhunt.data.sample import SAMPLE_PATH, make_es_sample
+from foxhunt.data.samples import SAMPLE_PATH, make_es_sample
 from foxhunt.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from typing import Any
 from foxhunt_serve import Roll
 from omegaconf import OmegaConf
 
-from foxhunt.data import cross_section
+from foxhunt.data import panel_inputs
 from foxhunt.data.columns import model_inputs, resolve_columns, resolve_target_kind
 from foxhunt.data.read import instrument_names, timeline
 from foxhunt.data.source import data_files, open_dataset
@@ -79,7 +79,7 @@ def wants_lazy(cfg: Any) -> bool:
     """data.lazy: true, false, or auto: lazy when the in-memory path would need more than
     LAZY_MEMORY_FRACTION of the memory available now, unless the data's cross-section needs
     every name's rows at once (data.cross_section, or data.target_transform as it resolves on
-    the data: `foxhunt.data.cross_section`). Free memory never changes what is trained: such a
+    the data: `foxhunt.data.panel_inputs`). Free memory never changes what is trained: such a
     panel is read in memory, and a ConfigError refuses it in one line where data.lazy=true, or
     where the memory free cannot hold it. A transform that waits for the target's kind (PENDING)
     may be read lazily: `_build` refuses it once the training rows show returns."""
@@ -94,21 +94,21 @@ def wants_lazy(cfg: Any) -> bool:
     counted = lazy == "auto" or resolve_target_kind(cfg) == "return"
     auto = str(getattr(cfg, "target_transform", "none")) == "auto"
     names = _names(cfg) if auto and counted else 0
-    transform = cross_section.ahead(cfg, names)
+    transform = panel_inputs.ahead(cfg, names)
     if lazy is True:
         why = "data.lazy=true reads the panel one name at a time"
-        refused = cross_section.refusal(cfg, transform, names, why, "set data.lazy=false")
+        refused = panel_inputs.refusal(cfg, transform, names, why, "set data.lazy=false")
         if refused:
             raise ConfigError(refused)
         return True
     need, free = eager_bytes_estimate(cfg), _available_bytes()
     why = f"the panel needs about {need / 2**30:.1f} GiB in memory, {free / 2**30:.1f} GiB free"
-    refused = cross_section.refusal(cfg, transform, names, why, "free memory")
+    refused = panel_inputs.refusal(cfg, transform, names, why, "free memory")
     if refused and need > free:
         raise ConfigError(refused)
     if refused:
         return False
-    if transform == cross_section.PENDING:  # in memory while it fits, else refused if returns
+    if transform == panel_inputs.PENDING:  # in memory while it fits, else refused if returns
         return need > free
     return need > LAZY_MEMORY_FRACTION * free
 
@@ -246,7 +246,7 @@ def _build(cfg: Any, folder: Path, resolve: Resolve) -> None:
     builder = DiskWindowBuilder(folder)
     schema, arrays, splits = split_windows(loaded, cuts, cfg, resolve, builder)
     # the kind the training rows showed decides a transform that waited for it (wants_lazy)
-    cross_section.refuse_streamed(cfg, schema["target_kind"], len(builder.names))
+    panel_inputs.refuse_streamed(cfg, schema["target_kind"], len(builder.names))
     shutil.rmtree(folder / "spill", ignore_errors=True)
     meta = {
         "version": FORMAT_VERSION,

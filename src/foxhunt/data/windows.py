@@ -7,8 +7,8 @@ the observed and known inputs: `encoder_rows`; predict adds the rows after the d
 times, its window starts in each split (numbered in its own rows: offset here by the rows added
 before it) and its static reals. Once the schema is known, `normalize` makes of them the float32
 arrays that `WindowDataset` indexes (`WindowArrays`), with one float64 formula and then the cast
-(`normalize_rows`), so that every path gives the same numbers. A `DiskWindowBuilder` writes the
-rows to a folder as they come (with the training rows' moments merged block by block,
+(`normalized_inputs`), so that every path gives the same numbers. A `DiskWindowBuilder` writes
+the rows to a folder as they come (with the training rows' moments merged block by block,
 `splits.Moments`) and normalizes them a chunk at a time, so that memory holds one instrument or
 one chunk; its folder then holds
 
@@ -36,11 +36,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from foxhunt_serve import moments
-from foxhunt_serve import normalize_rows as normalize_columns
+from foxhunt_serve import moments, normalize_rows
 from torch.utils.data import Dataset
 
-from foxhunt.data import cross_section
+from foxhunt.data import panel_inputs
 from foxhunt.data.read import Loaded, Series
 from foxhunt.data.schema import DataSchema, drop_features, found_schema
 from foxhunt.data.splits import (
@@ -213,7 +212,7 @@ def encoder_rows(s: Series) -> np.ndarray:
     return np.column_stack([s.target, s.observed, s.known])
 
 
-def normalize_rows(
+def normalized_inputs(
     rows: np.ndarray,
     schema: dict[str, Any],
     centre: np.ndarray,
@@ -228,7 +227,7 @@ def normalize_rows(
     # each instrument on its own scale (foxhunt_serve.scaling), or every one on the pooled
     target = (centre, scale) if schema.get("target_scales") else None
     mean, std = schema["input_mean"], schema["input_std"]
-    return normalize_columns(rows, mean, std, columns, target, instrument_of)
+    return normalize_rows(rows, mean, std, columns, target, instrument_of)
 
 
 class WindowBuilder:
@@ -321,7 +320,7 @@ class WindowBuilder:
 
         group = np.repeat(np.arange(len(self.names)), self.lengths)
         centre, scale = series.centre[group], series.scale[group]
-        inputs = normalize_rows(rows, schema, centre, scale, instrument_of)
+        inputs = normalized_inputs(rows, schema, centre, scale, instrument_of)
         return WindowArrays(
             inputs=inputs,
             target=np.ascontiguousarray(inputs[:, 0]),
@@ -408,7 +407,7 @@ class DiskWindowBuilder(WindowBuilder):
                     return self.names[ordinal[row]]  # noqa: B023 - called before the next chunk
 
                 centre, scale = series.centre[ordinal], series.scale[ordinal]
-                inputs = normalize_rows(rows, schema, centre, scale, instrument_of)
+                inputs = normalized_inputs(rows, schema, centre, scale, instrument_of)
                 inputs.tofile(inputs_f)
                 np.ascontiguousarray(inputs[:, 0]).tofile(target_f)
                 np.ascontiguousarray(inputs[:, len(keep) - known :]).tofile(known_f)
@@ -466,13 +465,13 @@ def split_windows(
     found_evidence, untrained = [], []  # untrained: the names without a training window
     configured = str(getattr(cfg, "target_kind", "auto"))
     judged = None  # (kind, warnings) where data.target_transform waits for the kind
-    if loaded.target_transform == cross_section.PENDING:  # (every series in memory)
+    if loaded.target_transform == panel_inputs.PENDING:  # (every series in memory)
         raw = [
             evidence(s.name, s.target[split_starts(s.time_ns, cuts, E, H)[-1]])
             for s in loaded.series
         ]
         judged = target_kind(configured, loaded.target_kind, loaded.target, raw)
-        loaded = cross_section.settle(dataclasses.replace(loaded, target_kind=judged[0]), cfg)
+        loaded = panel_inputs.settle(dataclasses.replace(loaded, target_kind=judged[0]), cfg)
     for s in loaded.series:
         *starts, train = split_starts(s.time_ns, cuts, E, H)
         if not len(starts[0]):

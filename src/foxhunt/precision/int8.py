@@ -17,8 +17,8 @@ from foxhunt.models import TemporalFusionTransformer
 from foxhunt.models.tft import UNSAVED_DEFAULTS
 from foxhunt.precision.base import Precision
 from foxhunt.precision.fp32 import export_weights
-from foxhunt.quantization.callbacks import QATSchedule
 from foxhunt.quantization.qat import prepare_qat, set_qat_phase
+from foxhunt.quantization.schedule import QATSchedule
 from foxhunt.quantization.score import export_and_score_int8
 from foxhunt.run.dir import RunDir
 

@@ -37,8 +37,8 @@ from foxhunt.training.checkpointing import (
     LatestCheckpoint,
     TrainingOutcome,
 )
+from foxhunt.training.epoch_lines import epoch_lines
 from foxhunt.training.module import ModelHparams, OptimHparams, PrecisionHparams, TFTModule
-from foxhunt.training.progress import epoch_lines
 
 RUNTIME_MODEL_KEYS = ("name", "compile")  # how the model runs, not what it is
 

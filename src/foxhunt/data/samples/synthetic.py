@@ -1,6 +1,6 @@
 """Synthetic panels of any size for the benchmarks: a simple target and noise features.
 
-Not market data (that is `foxhunt.data.sample`, the simulated ES futures bars): the values only
+Not market data (that is `foxhunt.data.samples.es`, the simulated ES futures bars): the values only
 need a known scale, so that a model that standardizes and one that does not see the same numbers.
 """
 

@@ -1,5 +1,5 @@
 """Deterministic synthetic E-mini S&P 500 futures bars (for examples and tests), the bundled
-sample; `foxhunt.data.sample` re-exports it beside the daily stock panel.
+sample; `foxhunt.data.samples` exports it beside the daily stock panel.
 
 :func:`make_es_sample` writes a Parquet file of OHLCV bars that look like CME E-mini S&P 500
 (ES) futures. It is a simulation, not market data; what it imitates:

@@ -1,12 +1,6 @@
-"""Deterministic synthetic market data (for examples and tests): E-mini S&P 500 futures bars,
-and a daily stock panel.
-
-:func:`make_stock_panel` writes daily bars of many stocks, as a data vendor delivers them (see
-:func:`stock_panel_table`). :func:`make_es_sample` writes a Parquet file of OHLCV bars that
-look like CME E-mini S&P 500 (ES) futures, the bundled sample: it lives in
-`foxhunt.data.sample_es` (whose docstring says what it imitates) and is importable from here.
-The same arguments always give the same table.
-"""
+"""A deterministic synthetic daily stock panel, as a data vendor delivers it (for examples,
+tests and the studies): :func:`make_stock_panel` writes it, :func:`stock_panel_table` says
+what it holds. The same arguments always give the same table."""
 
 from __future__ import annotations
 
@@ -18,29 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from foxhunt.data.sample_es import (
-    ES_TICK,
-    SAMPLE_PATH,
-    SCHEMA,
-    es_sample_table,
-    make_es_sample,
-    volatility_factor,
-)
+from foxhunt.data.samples.es import SCHEMA, volatility_factor
 from foxhunt.files import write_atomic
-
-__all__ = [
-    "ES_TICK",
-    "PANEL_DAYS",
-    "PANEL_END",
-    "PANEL_SCHEMA",
-    "PANEL_SECTORS",
-    "SAMPLE_PATH",
-    "SCHEMA",
-    "es_sample_table",
-    "make_es_sample",
-    "make_stock_panel",
-    "stock_panel_table",
-]
 
 PANEL_SCHEMA = pa.schema([*SCHEMA, pa.field("sector", pa.int64())])
 """Column names and types of the stock panel, in order: the futures sample's, then ``sector``."""
