@@ -84,6 +84,7 @@ def test_a_run_reports_its_calibration_and_every_file_carries_it(tmp_path):
         assert predictor.calibration.offsets["*"].tolist() == stored["offsets"]["*"]
 
 
+@pytest.mark.slow  # 5 CPU-s: its own training (#70)
 def test_calibration_none_delivers_the_model_s_own_quantiles(tmp_path):
     summary = _run(tmp_path, "run", make_table({"AAA": 400}), "calibration.method=none")
     table = pq.read_table(tmp_path / "run" / "test_forecasts.parquet")
@@ -103,6 +104,7 @@ def test_bad_calibration_settings_are_one_line(tmp_path, override, message):
         train(compose_train(*tiny_overrides(path, override)), tmp_path / "run")
 
 
+@pytest.mark.slow  # 9 CPU-s: its own training (#70)
 def test_a_calibration_share_is_held_out_of_validation_and_fits_the_calibration(tmp_path):
     """data.calibration_share: the last share of the validation dates' windows are the
     calibration windows alone (after every window validation keeps, none in both, the embargo

@@ -211,6 +211,7 @@ def test_predict_gives_the_raw_return_beside_the_market_neutral_target(panel, ev
     np.testing.assert_allclose(done["actual_xs_demean"].to_numpy(), neutral, rtol=1e-12)
 
 
+@pytest.mark.slow  # 35 CPU-s, an export and two consumer runs; test_export's are fast (#70)
 def test_the_onnx_consumer_forecasts_a_market_neutral_model_as_predict(
     market_neutral, predicted, every_window
 ):

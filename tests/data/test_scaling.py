@@ -195,6 +195,7 @@ def test_a_short_level_falls_back_on_the_pooled_relative_move(tmp_path, data_cfg
     np.testing.assert_allclose(got[0], [*(centre[n] for n in LEVELS), schema.target_center])
 
 
+@pytest.mark.slow  # 25 CPU-s: its own training on names 8x apart (#70)
 def test_forecasts_come_back_in_each_instruments_units(tmp_path):
     """Trained on names whose returns differ 8x in size: the forecast intervals differ about as
     much, each in its own units (predict, from the checkpoint, uncalibrated)."""

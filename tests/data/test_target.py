@@ -167,6 +167,7 @@ def test_returns_as_a_level_are_said_once_before_training_and_by_inspect(tmp_pat
     assert _inspected(path)[1] == []  # auto: returns, nothing to say
 
 
+@pytest.mark.slow  # 7 CPU-s: the fast tier says a return-as-level once (#70)
 def test_a_constant_target_is_said_once_before_training_and_by_inspect(tmp_path):
     y = prices()
     y["CCC"] = np.full(300, 7.5)

@@ -150,6 +150,7 @@ def test_no_baseline_sees_a_row_after_the_training_period(tmp_path):
     assert not np.allclose(on_test["unconditional"](test), fits[1]["unconditional"](test))
 
 
+@pytest.mark.slow  # 7 CPU-s (#70)
 def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tmp_path):
     vol = np.where(hour_of(np.arange(BARS)) >= 12, 5.0, 1.0)  # a calm morning (UTC)
     dm = windows_of(noise_panel(tmp_path / "seasonal.parquet", vol))
@@ -165,6 +166,7 @@ def test_seasonal_quantiles_beat_unconditional_ones_on_time_of_day_volatility(tm
     assert out["seasonal"]["val_loss"] < 0.92 * out["unconditional"]["val_loss"]
 
 
+@pytest.mark.slow  # 6 CPU-s (#70)
 def test_volatility_scaled_quantiles_beat_unconditional_ones_on_volatility_clustering(tmp_path):
     regimes = np.random.default_rng(1).choice([0.3, 3.0], BARS // 200)
     dm = windows_of(noise_panel(tmp_path / "clusters.parquet", np.repeat(regimes, 200)))
@@ -273,6 +275,7 @@ def test_the_report_names_the_strongest_baseline_and_the_base_rate():
     assert "Directional accuracy 52.0% against a base rate of 55.0% (always down" in text
 
 
+@pytest.mark.slow  # 7 CPU-s (#70)
 def test_past_the_bound_baselines_fit_on_an_evenly_spaced_subsample_and_say_so(
     tmp_path, monkeypatch
 ):

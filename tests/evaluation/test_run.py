@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from foxhunt.evaluation import selection
 from foxhunt.evaluation.run import headline_metrics, portfolio_returns
@@ -39,6 +40,7 @@ def _returns(rng: np.random.Generator, times: np.ndarray, edge: float = 0.0) -> 
     return {"time_ns": times.tolist(), "net": (rng.normal(0, 0.01, len(times)) + edge).tolist()}
 
 
+@pytest.mark.slow  # 8 CPU-s (#70)
 def test_selection_stats_are_dsr_and_pbo_on_the_bars_every_trial_traded():
     rng = np.random.default_rng(1)
     bars = np.arange(200, dtype=np.int64) * 86_400 * 10**9  # daily

@@ -4,6 +4,7 @@ hiding names in training, or no embedding at all (model.instrument_embedding=fal
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import foxhunt
@@ -92,6 +93,7 @@ def test_a_model_without_the_embedding_forecasts_a_name_listed_after_training(tm
     assert ccc.num_rows == bbb.num_rows > 0 and np.isfinite(ccc["q0.5"].to_numpy()).all()
 
 
+@pytest.mark.slow  # 12 CPU-s: its own training (#70)
 def test_a_name_listed_in_the_test_period_is_forecast_and_scored_apart(tmp_path):
     """NEW lists at bar 240 of 300, after the training and validation periods: it is forecast
     through the unseen row, and summary.json, the console and the report score it apart."""
