@@ -7,6 +7,7 @@ from typing import Any
 
 from foxhunt.app.report.figures import cross_sectional, listed, ranked
 from foxhunt.app.report.scores import ic_figures, spread, unseen_figures
+from foxhunt.evaluation.facts import Traded
 
 
 def console_summary(summary: dict[str, Any], report: Path | None = None) -> list[str]:
@@ -89,7 +90,7 @@ def _rank_ic_lines(book: dict[str, Any]) -> list[str]:
         return f"{r['rank_ic']:+.3f} (ICIR {icir}, t {t})"
 
     rows = book.get("ic_by_horizon") or []
-    shown = [r for r in rows if r["horizon"] in (1, book.get("horizon", 1))]
+    shown = [r for r in rows if r["horizon"] in (1, Traded.book(book).horizon)]
     return [
         f"rank IC by date (raw returns), horizon {r['horizon']}: model {figures(r)}, "
         f"best baseline {figures(theirs.get(r['horizon']))}"
@@ -129,9 +130,10 @@ def _strategy_line(strategy: dict[str, Any]) -> str:
     """The strategy's Sharpe ratio after costs, its standard error, and buy-and-hold's."""
     hold = strategy["buy_and_hold"].get("sharpe")
     se = strategy.get("sharpe_se")
+    t = Traded.strategy(strategy)
     return (
-        f"strategy ({strategy['rule']}, {strategy['cost_bps']:g} bp costs, traded "
-        f"{strategy.get('execution_lag', 0)} bar(s) later): Sharpe "
+        f"strategy ({t.rule}, {t.cost_bps:g} bp costs, traded {t.execution_lag} bar(s) later): "
+        "Sharpe "
         f"{strategy['sharpe']:.2f} after costs"
         + ("" if se is None else f" (standard error {se:.2f})")
         + ", buy and hold "
@@ -146,10 +148,11 @@ def _book_line(book: dict[str, Any]) -> str:
         value = (book.get(key) or {}).get("sharpe")
         return "n/a" if value is None else f"{value:.2f}"
 
+    t = Traded.book(book)
     return (
         f"cross-sectional book (top {book['top']:.0%} long and short by "
-        f"{book.get('rank', 'forecast')}, {book['cost_bps']:g} bp costs, traded "
-        f"{book['execution_lag']} bar(s) later on the horizon-{book.get('horizon', 1)} "
+        f"{t.rule}, {t.cost_bps:g} bp costs, traded "
+        f"{t.execution_lag} bar(s) later on the horizon-{t.horizon} "
         f"forecast): Sharpe {sharpe('model')} after costs, best baseline's "
         f"{sharpe('best_baseline')}, the market {sharpe('market')}"
     )

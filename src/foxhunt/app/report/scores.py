@@ -12,6 +12,7 @@ import numpy as np
 from foxhunt.app.report.figures import SHOWN, cross_sectional, listed, ranked, ranking
 from foxhunt.app.report.markdown import table
 from foxhunt.app.report.plots import CALIBRATION, IC_BY_HORIZON
+from foxhunt.evaluation.facts import Traded
 
 SPREAD = {"min": 0.0, "10%": 0.1, "25%": 0.25, "median": 0.5, "75%": 0.75, "90%": 0.9, "max": 1.0}
 
@@ -296,13 +297,13 @@ def strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     if "best_baseline" in s:
         b = s["best_baseline"]
         rows.append([f"best baseline ({b['name']})", *(b[k] for k in keys)])
-    lag = s.get("execution_lag", 0)
+    t = Traded.strategy(s)
     lines = [
         "## Strategy",
         "",
-        f"Positions traded {lag} bar(s) after the forecast (`eval.execution_lag`) from its "
-        f"forecast of the bar then held, horizon {lag + 1} (`eval.strategy={s['rule']}`), "
-        f"costs {s['cost_bps']:g} bp per unit of turnover; Sharpe annualised from the bars' "
+        f"Positions traded {t.execution_lag} bar(s) after the forecast (`eval.execution_lag`) "
+        f"from its forecast of the bar then held, horizon {t.horizon} (`eval.strategy={t.rule}`), "
+        f"costs {t.cost_bps:g} bp per unit of turnover; Sharpe annualised from the bars' "
         "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
         "",
         *table(["strategy", "Sharpe (net)", "se", "max drawdown", "turnover", "net return"], rows),
@@ -328,14 +329,15 @@ def book_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
     labels = {"model": "**model**", "best_baseline": "best baseline", "market": "market (long all)"}
     rows = [[label, *(b[k][x] for x in keys)] for k, label in labels.items() if k in b]
     ics = [[r["horizon"], r["rank_ic"], r["rank_ic_t"]] for r in b["ic_by_horizon"]]
+    t = Traded.book(b)
     lines = [
         "## Cross-sectional book",
         "",
         f"Each date the {b['names']} names ranked by their {_ranked_by(b)} of the bar held, "
-        f"horizon {b.get('horizon', 1)}: the top {b['top']:.0%} long, the bottom "
-        f"{b['top']:.0%} short ({b['weights']} weights), traded {b['execution_lag']} bar(s) "
-        f"after the forecast, a date with fewer than {b.get('min_names', 2)} names flat, costs "
-        f"{b['cost_bps']:g} bp per unit of turnover (foxhunt/evaluation/book.py).",
+        f"horizon {t.horizon}: the top {b['top']:.0%} long, the bottom "
+        f"{b['top']:.0%} short ({b['weights']} weights), traded {t.execution_lag} bar(s) "
+        f"after the forecast, a date with fewer than {t.min_names} names flat, costs "
+        f"{t.cost_bps:g} bp per unit of turnover (foxhunt/evaluation/book.py).",
         "",
         *table(
             ["book", "Sharpe (net)", "Sharpe (gross)", "max drawdown", "turnover", "net return"],
@@ -357,7 +359,7 @@ def book_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
 
 def _ranked_by(b: dict[str, Any]) -> str:
     """How the book ranked its names, in words."""
-    if b.get("rank") == "score":
+    if Traded.book(b).rule == "score":
         return "median forecast over its q0.9 - q0.1 spread"
     return "median forecast"
 
