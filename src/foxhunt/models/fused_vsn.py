@@ -47,7 +47,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import foxhunt.models.cpu_kernels as cpu_kernels
 from foxhunt.models.dropout import keep_mask, keep_scale
-from foxhunt.models.fused_vsn_kernels import KernelSelectedGRNs, Tensors, chunk_of, kernel_forward
+from foxhunt.models.fused_vsn_kernels import (
+    KernelSelectedGRNs,
+    Selection,
+    Tensors,
+    chunk_of,
+    kernel_forward,
+)
 from foxhunt.models.fused_vsn_kernels import row_matmuls as row_matmuls  # (re-exported)
 
 # Elements per intermediate tensor of one chunk. Small enough that a chunk's dozen elementwise
@@ -109,21 +115,7 @@ def _row(t: Tensor) -> Tensor:
 
 
 def _forward(
-    x: Tensor,
-    s: Tensor,
-    A: Tensor,
-    C: Tensor,
-    W2: Tensor,
-    b2: Tensor,
-    Wg: Tensor,
-    bg: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
+    t: Selection,
     dropout: float,
     chunks: list[slice],
     f_all: Tensor | None = None,
@@ -134,6 +126,7 @@ def _forward(
     (the autograd Function's forward; inference calls it directly). `f_all`, `g_all`,
     `keep_all`: buffers that keep fc2's output, the GLU pre-activation and the dropout mask
     for backward."""
+    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = t
     rows, h = x.shape[1], gamma.shape[-1]
     # dropout(f) Wg == (f * keep) (Wg / (1 - p)): the scale rides on the matmul for free
     scale = keep_scale(dropout, x)
@@ -173,40 +166,20 @@ def _export_chunks(n: int, h: int) -> list[slice]:
 
 class _SelectedGRNs(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,  # [n, M] scalar inputs
-        s: Tensor,  # [n, M] selection weights
-        A: Tensor,  # [n, dh]
-        C: Tensor,  # [n, dh]
-        W2: Tensor,  # [n, dh, dh]
-        b2: Tensor,  # [n, dh]
-        Wg: Tensor,  # [n, dh, 2h]
-        bg: Tensor,  # [n, 2h]
-        u: Tensor,  # [n, M] skip coefficients
-        v: Tensor | None,  # [n, M]
-        R0: Tensor,  # [n, h] skip vectors
-        R1: Tensor,
-        R2: Tensor | None,
-        gamma: Tensor,  # [n, h] output LayerNorm
-        beta: Tensor,
-        dropout: float,
-        save: bool,
-        recompute: bool,
-    ) -> Tensor:
+    def forward(ctx: Any, *args: Any) -> Tensor:
+        *tensors, dropout, save, recompute = args  # a Selection's tensors, then the options
+        t = Selection(*tensors)
+        x = t.x
         n, rows = x.shape
-        dh, h = W2.shape[-1], gamma.shape[-1]
+        dh, h = t.W2.shape[-1], t.gamma.shape[-1]
         # recompute: keep only the dropout mask; backward rebuilds f and g chunk by chunk
         f_all = x.new_empty(n, rows, dh) if save and not recompute else None
         g_all = x.new_empty(n, rows, 2 * h) if save and not recompute else None
         keep_all = x.new_empty(n, rows, dh, dtype=torch.bool) if save and dropout else None
-        tensors = (x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta)
         chunks = _chunks(n, rows, h, x)
-        out = _forward(*tensors, dropout, chunks, f_all, g_all, keep_all)
+        out = _forward(t, dropout, chunks, f_all, g_all, keep_all)
         if save:
-            ctx.save_for_backward(
-                x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all
-            )
+            ctx.save_for_backward(*t, f_all, g_all, keep_all)
             ctx.scale = keep_scale(dropout, x)
             ctx.dtype = x.dtype
         return out
@@ -219,7 +192,8 @@ class _SelectedGRNs(torch.autograd.Function):
     @staticmethod
     def _backward(ctx: Any, d_out: Tensor) -> Tensors:
         saved = ctx.saved_tensors
-        x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, *_ = saved
+        t = Selection(*saved[:15])
+        x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = t
         n, rows = x.shape
         h = gamma.shape[-1]
 
@@ -243,7 +217,8 @@ class _SelectedGRNs(torch.autograd.Function):
 def _backward_chunk(c: slice, saved: Tensors, grads: Tensors, d_out: Tensor, scale: float) -> None:
     """`_SelectedGRNs`'s backward for the variables `c`: fills in their part of each of `grads`
     (the gradients of its forward's tensors, in their order) from its saved tensors."""
-    x, s, A, C, W2, b2, Wg, bg, u, v, R1, R2, R0, gamma, beta, f_all, g_all, keep_all = saved
+    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = Selection(*saved[:15])
+    f_all, g_all, keep_all = saved[15:]
     d_x, d_s, d_A, d_C, d_W2, d_b2, d_Wg, d_bg, d_u, d_v, d_R0, d_R1, d_R2, d_gamma, d_beta = grads
     a = F.elu(torch.addcmul(_row(C[c]), _col(x[c]), _row(A[c])))
     if g_all is None:  # recompute mode: f and g again, with the forward's dropout mask
@@ -334,39 +309,37 @@ def selected_grns(
         rstd = torch.rsqrt(xt * xt * _col(var_p) + 2 * xt * _col(cov) + _col(var_q) + LN_EPS)
         gamma_skip, R0 = skip_norm
         u, v, R1, R2 = xt * rstd, rstd, Pc * gamma_skip, Qc * gamma_skip
-    tensors = (xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
-    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    t = Selection(xt, st, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, *norm)
+    save = torch.is_grad_enabled() and any(w is not None and w.requires_grad for w in t)
     h = norm[0].shape[-1]
     if cpu_kernels.exporting():
         # torch.export (and the ONNX export) sees the forward as plain tensor ops, in chunks
         # fixed by the weights' sizes: its rows are a symbolic batch
-        out = _forward(*tensors, dropout, _export_chunks(n, h))
+        out = _forward(t, dropout, _export_chunks(n, h))
     elif torch.is_autocast_enabled(x.device.type):
         # under bf16 autocast the hand-written kernel runs in float32 (its preallocated
         # buffers and out= matmuls need one dtype); autocast resumes after it
-        tensors = tuple(None if t is None else t.float() for t in tensors)
         with torch.autocast(x.device.type, enabled=False):
-            out = _select(tensors, dropout, save, recompute)
+            out = _select(t.each(Tensor.float), dropout, save, recompute)
     else:
-        out = _select(tensors, dropout, save, recompute)
+        out = _select(t, dropout, save, recompute)
     return out.reshape(*lead, out.shape[-1])
 
 
-def _select(
-    tensors: tuple[Tensor | None, ...], dropout: float, save: bool, recompute: bool
-) -> Tensor:
+def _select(t: Selection, dropout: float, save: bool, recompute: bool) -> Tensor:
     """The fused selection with the C kernels where they run (float32 on a CPU), else in
-    PyTorch; without the autograd Function when nothing needs a gradient (inference)."""
-    x, gamma = tensors[0], tensors[13]
-    n, rows, h = x.shape[0], x.shape[1], gamma.shape[-1]
+    PyTorch; without the autograd Function when nothing needs a gradient (inference). The
+    autograd Functions take the tensors one by one: a gradient flows to each argument."""
+    x = t.x
+    n, rows, h = x.shape[0], x.shape[1], t.gamma.shape[-1]
     kernel = cpu_kernels.available(x, h)
     if kernel:
-        tensors = tuple(None if t is None else t.contiguous() for t in tensors)
+        t = t.each(Tensor.contiguous)
     if not save:
         chunks = _chunks(n, rows, h, x)
         if kernel:
-            return kernel_forward(*tensors, dropout, cpu_kernels.draw_seed(dropout), chunks)
-        return _forward(*tensors, dropout, chunks)
+            return kernel_forward(t, dropout, cpu_kernels.draw_seed(dropout), chunks)
+        return _forward(t, dropout, chunks)
     if kernel:  # (its backward goes over the forward's chunks)
-        return KernelSelectedGRNs.apply(*tensors, dropout, save, recompute, _chunks(n, rows, h, x))
-    return _SelectedGRNs.apply(*tensors, dropout, save, recompute)
+        return KernelSelectedGRNs.apply(*t, dropout, save, recompute, _chunks(n, rows, h, x))
+    return _SelectedGRNs.apply(*t, dropout, save, recompute)

@@ -8,7 +8,7 @@ call each, their matmuls row by row; otherwise the variables go in chunks around
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,6 +25,31 @@ ROW_MATMUL_MAX_DH = 32
 Tensors = tuple[Tensor | None, ...]
 
 
+class Selection(NamedTuple):
+    """The fused selection's tensors (`fused_vsn`'s module docstring), in the order every
+    function, autograd Function and op of it takes them; their gradients come back in it too."""
+
+    x: Tensor  # [n, M] scalar inputs
+    s: Tensor  # [n, M] selection weights
+    A: Tensor  # [n, dh]: fc1 folded into an affine map of the scalar
+    C: Tensor  # [n, dh]
+    W2: Tensor  # [n, dh, dh]
+    b2: Tensor  # [n, dh]
+    Wg: Tensor  # [n, dh, 2h]
+    bg: Tensor  # [n, 2h]
+    u: Tensor  # [n, M] skip coefficients
+    v: Tensor | None  # [n, M]; None: the skip is not layer-normalised
+    R0: Tensor  # [n, h] skip vectors
+    R1: Tensor
+    R2: Tensor | None
+    gamma: Tensor  # [n, h] output LayerNorm
+    beta: Tensor
+
+    def each(self, f: Any) -> Selection:
+        """f of each tensor, None kept."""
+        return Selection(*(None if t is None else f(t) for t in self))
+
+
 def row_matmuls(dh: int) -> bool:
     """Whether the kernel path runs forward and backward in one pass each with their matmuls
     row by row (`torch.ops.foxhunt.vsn_forward`, `vsn_ops.backward_rows`) for variable_dim `dh`,
@@ -39,23 +64,12 @@ def chunk_of(c: slice, *tensors: Tensor | None) -> list[Tensor | None]:
     return [None if t is None else t[c] for t in tensors]
 
 
-def _chunk_gate(
-    c: slice,
-    g: Tensor,
-    bias: Tensor,
-    scale: float,
-    s: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
-) -> vsn_ops.Gate:
+def _chunk_gate(c: slice, g: Tensor, bias: Tensor, scale: float, t: Selection) -> vsn_ops.Gate:
     """The `vsn_ops.Gate` of the variables `c` (g and bias are already theirs)."""
-    v_c, R2_c = chunk_of(c, v, R2)
-    return vsn_ops.Gate(g, bias, scale, s[c], u[c], v_c, R0[c], R1[c], R2_c, gamma[c], beta[c])
+    v_c, R2_c = chunk_of(c, t.v, t.R2)
+    return vsn_ops.Gate(
+        g, bias, scale, t.s[c], t.u[c], v_c, t.R0[c], t.R1[c], R2_c, t.gamma[c], t.beta[c]
+    )
 
 
 def _like(t: Tensor | None) -> Tensor | None:
@@ -63,21 +77,7 @@ def _like(t: Tensor | None) -> Tensor | None:
 
 
 def kernel_forward(
-    x: Tensor,
-    s: Tensor,
-    A: Tensor,
-    C: Tensor,
-    W2: Tensor,
-    b2: Tensor,
-    Wg: Tensor,
-    bg: Tensor,
-    u: Tensor,
-    v: Tensor | None,
-    R0: Tensor,
-    R1: Tensor,
-    R2: Tensor | None,
-    gamma: Tensor,
-    beta: Tensor,
+    t: Selection,
     dropout: float,
     seed: Tensor,
     chunks: list[slice],
@@ -87,6 +87,7 @@ def kernel_forward(
     """`fused_vsn`'s forward with the elementwise chains in C (`cpu_kernels`), one pass each: ELU;
     fc2's bias with the dropout mask (drawn from `seed`, not kept); everything after the GLU's
     matmul, its bias and the dropout scale included. The matmuls run without their biases."""
+    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = t
     rows, h = x.shape[1], gamma.shape[-1]
     scale = keep_scale(dropout, x)
     if row_matmuls(W2.shape[-1]):
@@ -109,7 +110,7 @@ def kernel_forward(
             bias = bg[c]
         g = torch.bmm(f, Wg[c], out=None if g_all is None else g_all[c])
         del f
-        gate = _chunk_gate(c, g, bias, scale, s, u, v, R0, R1, R2, gamma, beta)
+        gate = _chunk_gate(c, g, bias, scale, t)
         vsn_ops.gate_norm_sum(gate, out)
         del g, gate  # (gate holds g: the next chunk's would coexist with it, 4 MB at tft_base)
     return out
@@ -122,17 +123,17 @@ class KernelSelectedGRNs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, *args: Any) -> Tensor:
         *tensors, dropout, save, recompute, chunks = args
-        x, W2, gamma = tensors[0], tensors[4], tensors[13]
-        n, rows = x.shape
-        dh, h = W2.shape[-1], gamma.shape[-1]
+        t = Selection(*tensors)
+        n, rows = t.x.shape
+        dh, h = t.W2.shape[-1], t.gamma.shape[-1]
         seed = cpu_kernels.draw_seed(dropout)
         keep = save and not recompute
-        f_all = x.new_empty(n, rows, dh) if keep else None
+        f_all = t.x.new_empty(n, rows, dh) if keep else None
         # the row path's backward makes g again from f (`vsn_ops.backward_rows`)
-        g_all = x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
-        out = kernel_forward(*tensors, dropout, seed, chunks, f_all, g_all)
+        g_all = t.x.new_empty(n, rows, 2 * h) if keep and not row_matmuls(dh) else None
+        out = kernel_forward(t, dropout, seed, chunks, f_all, g_all)
         if save:
-            ctx.save_for_backward(*tensors, f_all, g_all, seed)
+            ctx.save_for_backward(*t, f_all, g_all, seed)
             ctx.dropout, ctx.chunks = dropout, chunks
         return out
 
@@ -149,7 +150,9 @@ class KernelSelectedGRNs(torch.autograd.Function):
 def _row_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Tensors:
     """A small variable_dim: the whole backward row by row in C, in one call; the gradients
     of the tensors `KernelSelectedGRNs.forward` took, in its order."""
-    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, _ = saved
+    t = Selection(*saved[:15])
+    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = t
+    f_all = saved[15]
     p = ctx.dropout
     scale = keep_scale(p, x)
     d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
@@ -170,7 +173,9 @@ def _row_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Tens
 def _chunk_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Tensors:
     """The backward in chunks of the variables around MKL's matmuls, the elementwise chains in
     C; the gradients of the tensors `KernelSelectedGRNs.forward` took, in its order."""
-    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta, f_all, g_all = saved
+    t = Selection(*saved[:15])
+    x, s, A, C, W2, b2, Wg, bg, u, v, R0, R1, R2, gamma, beta = t
+    f_all, g_all = saved[15:17]
     p = ctx.dropout
     scale = keep_scale(p, x)
     d_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
@@ -187,7 +192,7 @@ def _chunk_backward(ctx: Any, saved: Tensors, seed: Tensor, d_out: Tensor) -> Te
             g = torch.bmm(f, Wg[c])
         else:
             f, g = f_all[c], g_all[c]
-        gate = _chunk_gate(c, g, bg[c], scale, s, u, v, R0, R1, R2, gamma, beta)
+        gate = _chunk_gate(c, g, bg[c], scale, t)
         d_rows = (d_s[c], d_u[c], *chunk_of(c, d_v))
         d_g, sums = vsn_ops.gate_norm_sum_backward(gate, d_out, *d_rows)
         if g_all is not None:  # (after the gate's backward: not held through its peak)

@@ -13,9 +13,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import CheckpointError
-from foxhunt.precision.base import Precision
+from foxhunt.precision.base import BestModel, Precision
 
-__all__ = ["Precision", "name_of", "precision_of"]
+__all__ = ["BestModel", "Precision", "name_of", "precision_of"]
 
 FLOAT_FLAGS = {"32-true": "fp32", "bf16-mixed": "bf16"}  # Lightning's flag: the precision
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,6 +14,22 @@ import torch
 
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.run.dir import RunDir
+
+
+@dataclass(frozen=True)
+class BestModel:
+    """A run's best model and what its export carries, for its precision's `export`: `init`
+    its constructor arguments, `schema` the data schema's dict, `calibration` its
+    `Calibration.to_dict()`; int8 scores its export on `test_batches` beside `test_loss`."""
+
+    model: TemporalFusionTransformer
+    init: dict[str, Any]
+    schema: dict[str, Any]
+    run: RunDir
+    test_batches: Iterable[dict[str, torch.Tensor]]
+    quantiles: torch.Tensor
+    test_loss: float
+    calibration: dict[str, Any] | None = None
 
 
 class Precision:
@@ -65,18 +82,6 @@ class Precision:
         """Why a checkpoint of this precision cannot be exported to ONNX as it is (None: it can)."""
         return None
 
-    def export(
-        self,
-        model: TemporalFusionTransformer,
-        init: dict[str, Any],
-        schema: dict[str, Any],
-        run: RunDir,
-        test_batches: Iterable[dict[str, torch.Tensor]],
-        quantiles: torch.Tensor,
-        test_loss: float,
-        calibration: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Export the best model into `run` (`init`: its constructor arguments; `schema`: the
-        data schema's dict; `calibration`: its `Calibration.to_dict()`, which the export
-        carries); summary.json's entries about it."""
+    def export(self, best: BestModel) -> dict[str, Any]:
+        """Export the best model into its run (`BestModel`); summary.json's entries about it."""
         raise NotImplementedError

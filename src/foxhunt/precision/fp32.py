@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from foxhunt.errors import CheckpointError
 from foxhunt.files import read_export, write_export
 from foxhunt.models.ensemble import build
 from foxhunt.models.tft import TemporalFusionTransformer
-from foxhunt.precision.base import Precision
-from foxhunt.run.dir import RunDir
+from foxhunt.precision.base import BestModel, Precision
 
 FP32_FORMAT = "foxhunt-fp32"  # the `format` in a float32 export's metadata
 
@@ -22,19 +19,10 @@ FP32_FORMAT = "foxhunt-fp32"  # the `format` in a float32 export's metadata
 class FP32(Precision):
     name = "fp32"
 
-    def export(
-        self,
-        model: TemporalFusionTransformer,
-        init: dict[str, Any],
-        schema: dict[str, Any],
-        run: RunDir,
-        test_batches: Iterable[dict[str, torch.Tensor]],
-        quantiles: torch.Tensor,
-        test_loss: float,
-        calibration: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        export_weights(model, init, run.fp32_export, schema, calibration)
-        return {"export": str(run.fp32_export)}
+    def export(self, best: BestModel) -> dict[str, Any]:
+        path = best.run.fp32_export
+        export_weights(best.model, best.init, path, best.schema, best.calibration)
+        return {"export": str(path)}
 
 
 def export_weights(

@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
 from foxhunt.errors import ConfigError
 from foxhunt.models import TemporalFusionTransformer
 from foxhunt.models.tft import UNSAVED_DEFAULTS
-from foxhunt.precision.base import Precision
+from foxhunt.precision.base import BestModel, Precision
 from foxhunt.precision.fp32 import export_weights
 from foxhunt.quantization.qat import prepare_qat, set_qat_phase
 from foxhunt.quantization.schedule import QATSchedule
 from foxhunt.quantization.score import export_and_score_int8
-from foxhunt.run.dir import RunDir
 
 
 class Int8(Precision):
@@ -64,25 +62,15 @@ class Int8(Precision):
             f"run wrote beside it instead (ckpt_path={source.parent / 'model_int8.safetensors'})"
         )
 
-    def export(
-        self,
-        model: TemporalFusionTransformer,
-        init: dict[str, Any],
-        schema: dict[str, Any],
-        run: RunDir,
-        test_batches: Iterable[dict[str, torch.Tensor]],
-        quantiles: torch.Tensor,
-        test_loss: float,
-        calibration: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        path = run.int8_export
+    def export(self, best: BestModel) -> dict[str, Any]:
+        path, b = best.run.int8_export, best
         scored = export_and_score_int8(
-            model, init, schema, test_batches, quantiles, path, calibration
+            b.model, b.init, b.schema, b.test_batches, b.quantiles, path, b.calibration
         )
-        fp32_bytes = fp32_export_bytes(init, schema, path.parent, calibration)
+        fp32_bytes = fp32_export_bytes(b.init, b.schema, path.parent, b.calibration)
         return {
             "export": str(path),
-            "fp32_equivalent_test_loss": test_loss,
+            "fp32_equivalent_test_loss": b.test_loss,
             **scored,
             "export_bytes_fp32": fp32_bytes,
         }

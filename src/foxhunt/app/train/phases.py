@@ -51,7 +51,7 @@ from foxhunt.memory.callbacks import (
 from foxhunt.memory.heap import keep_freed_memory
 from foxhunt.memory.search import BatchSizeSearch
 from foxhunt.models import cpu_kernels
-from foxhunt.precision import Precision, precision_of
+from foxhunt.precision import BestModel, Precision, precision_of
 from foxhunt.run.dir import RunDir
 from foxhunt.run.ranks import other_rank
 from foxhunt.run.resume import resume_source
@@ -364,7 +364,7 @@ def export_best(
     int8 scored on the test split beside the fake-quant model it came from; with its
     calibration."""
     run.checkpoints.mkdir(exist_ok=True)  # none yet where a resume had nothing left to train
-    return precision.export(
+    best = BestModel(
         module.model,
         init=model_init(plain(cfg.model), datamodule.schema),
         schema=datamodule.schema.to_dict(),
@@ -374,6 +374,7 @@ def export_best(
         test_loss=tested["test_loss"],
         calibration=calibration,
     )
+    return precision.export(best)
 
 
 def forecast_split(
