@@ -27,7 +27,7 @@ from foxhunt_serve.read import iso_time
 from foxhunt_serve.windows import check_history
 
 import foxhunt
-import foxhunt.app.predict.predictor as app_predict
+import foxhunt.app.predict.windows as app_windows
 from foxhunt.data.samples import stock_panel_table
 from tests.helpers import TINY_MODEL, make_table, run_cli, run_script, walked_from_the_run_s_start
 
@@ -220,7 +220,7 @@ def test_the_latest_forecasts_read_only_the_rows_they_need(neutral, monkeypatch)
     e, h = meta["encoder_length"], meta["prediction_length"]
     assert recent_rows(neutral.panel, meta["data"], e, h, plan).num_rows < neutral.panel.num_rows
     got = _serve(neutral, neutral.panel, "recent")
-    for module in (serve_windows, app_predict):
+    for module in (serve_windows, app_windows):
         monkeypatch.setattr(module, "recent_rows", lambda table, *args: table)
     want = _serve(neutral, neutral.panel, "whole")
     for g, w in (*zip(got, want, strict=True), got):  # each way alike; predict as the consumer
