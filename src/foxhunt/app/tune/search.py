@@ -259,9 +259,14 @@ def run_and_tell(
         trial.set_user_attr("error", str(exc))
         study.tell(trial, state=TrialState.FAIL)
         raise
-    except BaseException:  # an interrupt, a bug: failed, and queued to run again on resume
-        trial.set_user_attr("failed", "interrupted")
-        study.tell(trial, state=TrialState.FAIL)
+    except BaseException as interrupted:  # an interrupt, a bug: failed, and queued again
+        try:
+            trial.set_user_attr("failed", "interrupted")
+            study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # a cancelled SLURM job: another worker's `recover` saw it end first, and has
+            # failed and queued the trial; the interrupt, not this, is what to report
+            raise interrupted from None
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
         raise
     trial.set_user_attr("wall_s", round(time.perf_counter() - started, 1))
