@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from foxhunt.app.backtest.folds import plan_folds
 from foxhunt.app.train.phases import train
 from foxhunt.app.tune import search as tune
-from foxhunt.app.tune.study import ended
+from foxhunt.app.tune.study import JOURNAL, ended, repair_journal
 from foxhunt.config import register_configs
 from foxhunt.data.read import timeline
 from foxhunt.errors import DataError, FoxhuntError
@@ -103,7 +103,7 @@ def journal(path: Path) -> optuna.storages.JournalStorage:
 
 
 def trials_of(summary: dict) -> list[optuna.trial.FrozenTrial]:
-    storage = journal(Path(summary["study_dir"]) / tune.JOURNAL)
+    storage = journal(Path(summary["study_dir"]) / JOURNAL)
     return optuna.load_study(study_name=summary["study"], storage=storage).get_trials()
 
 
@@ -231,7 +231,7 @@ def test_two_workers_share_one_study(tmp_path, store):
         extra.append(f"tune.storage={postgres_url()}")
     cfg = compose_tune(overrides(data, tmp_path, *extra))
     tune.tune(cfg, [])
-    storage = cfg.tune.storage or journal(tmp_path / "tune" / cfg.tune.study / tune.JOURNAL)
+    storage = cfg.tune.storage or journal(tmp_path / "tune" / cfg.tune.study / JOURNAL)
     study = optuna.load_study(study_name=cfg.tune.study, storage=storage)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
@@ -260,7 +260,7 @@ def test_multirun_jobs_are_workers_and_the_plain_command_refits(tmp_path):
 
 
 def test_a_journal_cut_off_mid_line_loses_nothing_after_it(tmp_path):
-    path = tmp_path / tune.JOURNAL
+    path = tmp_path / JOURNAL
 
     def study() -> optuna.Study:
         return optuna.create_study(study_name="s", storage=journal(path), load_if_exists=True)
@@ -268,7 +268,7 @@ def test_a_journal_cut_off_mid_line_loses_nothing_after_it(tmp_path):
     study().add_trial(optuna.trial.create_trial(value=1.0))
     with open(path, "ab") as f:  # a worker killed while appending
         f.write(b'{"op_code": 4, "worker_id": "cut')
-    tune.repair_journal(path)
+    repair_journal(path)
     study().add_trial(optuna.trial.create_trial(value=2.0))
     assert [t.value for t in study().trials] == [1.0, 2.0]
 
@@ -280,7 +280,7 @@ def test_a_trial_that_cannot_fit_is_pruned_with_the_reason(tmp_path):
     cfg = compose_tune(overrides(data, tmp_path, "tune.trials=2", *budget))
     with pytest.raises(FoxhuntError, match="no trial of study .* completed .* out of memory"):
         tune.tune(cfg, [])
-    path = next((tmp_path / "tune").glob(f"*/{tune.JOURNAL}"))
+    path = next((tmp_path / "tune").glob(f"*/{JOURNAL}"))
     trials = optuna.load_study(study_name=None, storage=journal(path)).get_trials()
     assert [t.state for t in trials] == [TrialState.PRUNED] * 2
     assert all("out of memory" in t.user_attrs["pruned"] for t in trials)

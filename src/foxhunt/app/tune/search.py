@@ -19,8 +19,7 @@ deflated Sharpe ratio and the probability of backtest overfitting of having chos
 - **Storage** (`foxhunt.app.tune.study`): a journal file in the study's directory (the default;
   file locks, so it works on a shared filesystem) or an RDB URL (PostgreSQL for several
   machines). The study is named after the command's overrides (tune.study to choose), so the
-  same command continues it.
-"""
+  same command continues it."""
 
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ from foxhunt.app.backtest import folds as backtest
 from foxhunt.app.backtest.folds import Fold
 from foxhunt.app.train import tracking
 from foxhunt.app.train.phases import train
-from foxhunt.app.tune.study import JOURNAL as JOURNAL  # re-exported, as tests name it
 from foxhunt.app.tune.study import (
     Heartbeat,
     counts,
@@ -57,7 +55,6 @@ from foxhunt.app.tune.study import (
     same_plan,
     storage_label,
 )
-from foxhunt.app.tune.study import repair_journal as repair_journal  # re-exported, as tests call it
 from foxhunt.config import validate
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import timeline
@@ -263,10 +260,8 @@ def run_and_tell(
         try:
             trial.set_user_attr("failed", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # a cancelled SLURM job: another worker's `recover` saw it end first, and has
-            # failed and queued the trial; the interrupt, not this, is what to report
-            raise interrupted from None
+        except optuna.exceptions.UpdateFinishedTrialError:  # a cancelled SLURM job, whose trial
+            raise interrupted from None  # another worker's `recover` failed and queued first
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
         raise
     trial.set_user_attr("wall_s", round(time.perf_counter() - started, 1))
