@@ -22,11 +22,18 @@ class Traded:
     execution_lag: int
     horizon: int
     min_names: int = 1  # a book's: a date with fewer names is flat
+    hedged: bool = False  # a strategy's on a relative target: each name against the market
+
+    @property
+    def legs(self) -> str:
+        """How the trade is said: a hedged one names its two costed legs."""
+        return ", each name against the market, both legs costed" if self.hedged else ""
 
     @classmethod
     def strategy(cls, s: Mapping[str, Any]) -> Traded:
         lag = int(s.get("execution_lag", 0))
-        return cls(str(s["rule"]), float(s["cost_bps"]), lag, lag + 1)
+        hedged = bool(s.get("hedged", False))  # a summary from before #67 traded unhedged
+        return cls(str(s["rule"]), float(s["cost_bps"]), lag, lag + 1, hedged=hedged)
 
     @classmethod
     def book(cls, b: Mapping[str, Any]) -> Traded:

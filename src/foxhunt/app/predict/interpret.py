@@ -322,6 +322,8 @@ def _plot_fan(
         ax.set_visible(False)
     # returns are tiny numbers: basis points read better
     factor, unit = (1e4, " (bp)") if schema.target_kind == "return" else (1.0, "")
+    if schema.target_transform != "none":  # the model's own target, not the raw return
+        unit = f", {schema.target_transform}{unit}"
     h = schema.prediction_length
     history = min(schema.encoder_length, max(3 * h, 24))  # the recent past, to keep h readable
     mid = _median_index(quantiles)

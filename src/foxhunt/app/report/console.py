@@ -132,7 +132,8 @@ def _strategy_line(strategy: dict[str, Any]) -> str:
     se = strategy.get("sharpe_se")
     t = Traded.strategy(strategy)
     return (
-        f"strategy ({t.rule}, {t.cost_bps:g} bp costs, traded {t.execution_lag} bar(s) later): "
+        f"strategy ({t.rule}, {t.cost_bps:g} bp costs, traded {t.execution_lag} bar(s) later"
+        f"{t.legs}): "
         "Sharpe "
         f"{strategy['sharpe']:.2f} after costs"
         + ("" if se is None else f" (standard error {se:.2f})")

@@ -303,8 +303,8 @@ def strategy_section(summary: dict[str, Any], run_dir: Path) -> list[str]:
         "",
         f"Positions traded {t.execution_lag} bar(s) after the forecast (`eval.execution_lag`) "
         f"from its forecast of the bar then held, horizon {t.horizon} (`eval.strategy={t.rule}`), "
-        f"costs {t.cost_bps:g} bp per unit of turnover; Sharpe annualised from the bars' "
-        "frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
+        f"costs {t.cost_bps:g} bp per unit of turnover{t.legs}; Sharpe annualised from the "
+        "bars' frequency; returns summed, not compounded (foxhunt/evaluation/strategy.py).",
         "",
         *table(["strategy", "Sharpe (net)", "se", "max drawdown", "turnover", "net return"], rows),
         *_panel_note(parts, sharpes, "Sharpe ratio", "{:+.2f}", by),
