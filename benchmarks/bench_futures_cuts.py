@@ -55,6 +55,7 @@ from omegaconf import OmegaConf
 from foxhunt.config import DataConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import continuous_table
+from foxhunt.data.section import DataSection
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY_NS = 86_400 * 10**9
@@ -163,7 +164,7 @@ def data_cfg(path: Path, **changes):
 
 def schedule(table: pa.Table) -> list:
     """The roll schedule of a table (foxhunt.data.futures.continuous_table's)."""
-    return continuous_table(table, data_cfg(Path("unused.parquet")))[1]
+    return continuous_table(table, DataSection.of(data_cfg(Path("unused.parquet"))))[1]
 
 
 def cut_points(table: pa.Table, rolls: list, index: int) -> list[tuple[str, int]]:

@@ -5,8 +5,14 @@ would cost the whole run its seconds before any worker starts)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# The tests write bytecode caches even where PYTHONDONTWRITEBYTECODE is set (as in some sandboxes
+# and CI images): without them every worker compiles src/ again and pytest rewrites every test
+# module again, about 5 s of each run's start. The caches go to __pycache__ (git ignores them).
+sys.dont_write_bytecode = False
 
 
 def _controller(config: pytest.Config) -> bool:

@@ -6,6 +6,7 @@ conftest.py. Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -36,6 +37,7 @@ from foxhunt.app.train.phases import train
 from foxhunt.conf import CONF_DIR
 from foxhunt.config import DataConfig, register_configs
 from foxhunt.data.datamodule import ParquetDataModule
+from foxhunt.evaluation import gbm
 from foxhunt.evaluation.controls import baseline_forecasts, make_control, score
 from foxhunt.models import TemporalFusionTransformer
 
@@ -69,6 +71,10 @@ TINY_MODEL = (
     "trainer.limit_val_batches=2",
     "trainer.limit_test_batches=2",
 )
+
+# predict's batch size where a test is not about it: the memory estimator's trace that sizes
+# it otherwise (a second or two a call) runs in tests/test_predict.py and the inspect commands'
+PREDICT_BATCH = 1024
 
 # a quarter of tft_small's width: quick steps for the memory and DDP tests
 SMALL_MODEL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
@@ -295,19 +301,24 @@ def contracts_table(cs: list[Contract]) -> pa.Table:
 # --------------------------------------------------------------------------------------------
 
 
+_ended_s: dict[Path, float] = {}  # when the last in-process command run from a directory ended
+
+
 def run_cli(
     *args: str, cwd: Path, script: str = "train.py", own_process: bool = False
 ) -> subprocess.CompletedProcess:
     """scripts/<script> with `args`, run from `cwd`: in this process (`run_script`), or
     `own_process` (what DDP and joblib's launcher need: they start processes of their own)."""
     if not own_process:
-        if not any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args):
-            # Hydra's default run directory is named by the second: two commands started in
-            # the same second (in-process they can be) would share one
+        named = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
+        if not named and int(_ended_s.get(cwd, 0)) >= int(time.time()):
+            # Hydra's default run directory is named by the second a command starts in: one
+            # started in `cwd` in the second the last one there ended in could share its
             time.sleep(1 - time.time() % 1)
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(cwd)
             code, out, err = run_script(script, *args)
+        _ended_s[cwd] = time.time()
         return subprocess.CompletedProcess([script, *args], code, out, err)
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return subprocess.run(
@@ -439,6 +450,24 @@ def shared_dir(factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Pat
         path.mkdir()
         yield path, True
         done.touch()
+
+
+def needs(module: str) -> None:
+    """Skip the calling test module unless `module` is installed: found, not imported (the
+    export imports onnxscript where it needs it; importing it at collection costs each worker
+    about 2 s)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"could not import {module!r}", allow_module_level=True)
+
+
+@contextmanager
+def without_lightgbm() -> Iterator[None]:
+    """The LightGBM baseline skipped, as where lightgbm is not installed: for the runs and fits
+    that test something else (its fit takes seconds on a panel; tests/evaluation/test_gbm.py
+    and test_baselines.py test it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gbm, "available", lambda: False)
+        yield
 
 
 def run_script(script: str, *args: str, full_error: bool = False) -> tuple[int, str, str]:

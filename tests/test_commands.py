@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from foxhunt.models import cpu_kernels
-from tests.helpers import TINY_MODEL, printed_summary, run_script, tiny_overrides
+from tests.helpers import PREDICT_BATCH, TINY_MODEL, printed_summary, run_script, tiny_overrides
 
 
 def _ok(script: str, *args: str) -> tuple[str, dict]:
@@ -71,8 +71,8 @@ def test_predict_reuses_the_checkpoints_data_config_with_no_data_option(tiny_run
         ckpt = Path(shutil.copy(ckpt, tmp_path / "moved.ckpt"))
     out = tmp_path / "p.parquet"
     code, stdout, err = run_script(
-        "predict.py", f"ckpt_path={ckpt}", f"predict.out={out}",
-        "predict.all_windows=true", f"hydra.run.dir={tmp_path / 'run'}",
+        "predict.py", f"ckpt_path={ckpt}", f"predict.out={out}", "predict.all_windows=true",
+        f"predict.batch_size={PREDICT_BATCH}", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert code == 0, err[-3000:]
     table = pq.read_table(out)

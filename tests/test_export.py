@@ -25,8 +25,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.helpers import needs
+
 pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+needs("onnxscript")
 
 from foxhunt_serve import cli, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402
@@ -39,7 +41,8 @@ from foxhunt.config import DataConfig  # noqa: E402
 from foxhunt.data.datamodule import ParquetDataModule  # noqa: E402
 from foxhunt.data.futures import continuous_table  # noqa: E402
 from foxhunt.data.schema import footer_schema  # noqa: E402
-from foxhunt.data.serving import data_section, features, target_section  # noqa: E402
+from foxhunt.data.section import DataSection  # noqa: E402
+from foxhunt.data.serving import features, target_section, trained_section  # noqa: E402
 from foxhunt.models import fused_vsn  # noqa: E402
 from foxhunt.models.tft import TemporalFusionTransformer  # noqa: E402
 from foxhunt.precision.onnx import (  # noqa: E402
@@ -60,6 +63,7 @@ from foxhunt.quantization.qat import (  # noqa: E402
 from foxhunt.training.module import TFTModule, model_init  # noqa: E402
 from tests.helpers import (  # noqa: E402
     DAY,
+    PREDICT_BATCH,
     ROOT,
     build_wheels,
     checked_run,
@@ -473,7 +477,7 @@ def test_a_name_listed_after_training_is_forecast_by_predict_and_the_consumer_al
     pq.write_table(renamed, path)
     meta = json.loads((plain.export / JSON_FILE).read_text())
     assert meta["unseen_instruments"] and meta["instruments"] == ["AAA", "BBB"]
-    predictor = foxhunt.load(plain.ckpt, device="cpu")
+    predictor = foxhunt.load(plain.ckpt, device="cpu", batch_size=PREDICT_BATCH)
     want = predictor.predict(path)
     code, _, stderr = consumer(plain.export, path, tmp_path / "onnx.parquet")
     assert code == 0, stderr
@@ -494,7 +498,7 @@ def test_a_name_too_short_for_the_encoder_is_left_out_with_one_warning(plain, tm
     path = tmp_path / "listed.parquet"
     pq.write_table(tail.filter(_last_rows(names, 18) | (names == "BBB")), path)
     with caplog.at_level("WARNING"):
-        want = foxhunt.load(plain.ckpt, device="cpu").predict(path)
+        want = foxhunt.load(plain.ckpt, device="cpu", batch_size=PREDICT_BATCH).predict(path)
         code, _, stderr = consumer(plain.export, path, tmp_path / "onnx.parquet")
     assert code == 0, stderr
     said = [r.getMessage() for r in caplog.records if "too short a history" in r.getMessage()]
@@ -721,7 +725,7 @@ def _consumer_meta(cfg, schema) -> dict:
         "instruments": list(schema.groups),
         "inputs": onnx_inputs(schema),
         "features": features(schema, cfg),
-        "data": data_section(cfg, schema),
+        "data": trained_section(cfg, schema).as_dict(),
         "target": target_section(schema),
     }
 
@@ -842,9 +846,9 @@ def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
     cfg.futures.roll.rule, cfg.futures.roll.adjust = rule, adjust
     cfg.futures.roll.dates = ["2026-03-12T14:00"]
     table = pq.read_table(es_sample)
-    want, rolls = continuous_table(table, cfg)
+    want, rolls = continuous_table(table, DataSection.of(cfg))
     assert len(rolls) == 1
-    got, _ = port["continuous"](table, data_section(cfg, footer_schema(cfg)))
+    got, _ = port["continuous"](table, trained_section(cfg, footer_schema(cfg)).as_dict())
     assert got.equals(want)
 
 
@@ -877,15 +881,15 @@ def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(
     held = set()
     for cut in cuts:
         part = table.filter(pc.less_equal(t, cut))
-        want, rolls = continuous_table(part, cfg)
-        got, _ = port["continuous"](part, data_section(cfg, footer_schema(cfg)))
+        want, rolls = continuous_table(part, DataSection.of(cfg))
+        got, _ = port["continuous"](part, trained_section(cfg, footer_schema(cfg)).as_dict())
         assert got.equals(want), cut
         held.add(rolls[-1].to_id)
     assert held == {"ESU7", "ESZ7"}
     if confirm == 400:
         cfg.futures.roll.strict = True
         with pytest.raises(port["InputError"], match="contracts ESH6 and ESM6 overlap on"):
-            port["continuous"](table, data_section(cfg, footer_schema(cfg)))
+            port["continuous"](table, trained_section(cfg, footer_schema(cfg)).as_dict())
 
 
 @pytest.mark.slow  # two predicts of the sample: the full tier
@@ -906,12 +910,12 @@ def test_a_file_cut_mid_quarter_forecasts_from_the_contract_held_at_the_cut(futu
     table = pq.read_table(futures.data)
     t = table["timestamp"].cast(pa.int64())
     predictor = foxhunt.load(futures.ckpt)
-    (roll,) = continuous_table(table, predictor.data_cfg)[1]
+    (roll,) = continuous_table(table, DataSection.of(predictor.data_cfg))[1]
     hour = 3600 * 10**9
     for cut, held in ((roll.time_ns - 12 * hour, "ESH6"), (roll.time_ns + 6 * hour, "ESM6")):
         part = table.filter(pc.less(t, cut))
         assert {"ESH6", "ESM6"} <= set(part["symbol"].to_pylist())  # both listed at the cut
-        rolls = continuous_table(part, predictor.data_cfg)[1]
+        rolls = continuous_table(part, DataSection.of(predictor.data_cfg))[1]
         assert [r.to_id for r in rolls] == ([] if held == "ESH6" else ["ESM6"])
         data = tmp_path / f"cut-{held}.parquet"
         pq.write_table(part, data)

@@ -14,8 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import needs
+
 pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+needs("onnxscript")
 
 from foxhunt_serve import files, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402

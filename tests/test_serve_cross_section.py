@@ -29,7 +29,14 @@ from foxhunt_serve.windows import check_history
 import foxhunt
 import foxhunt.app.predict.windows as app_windows
 from foxhunt.data.samples import stock_panel_table
-from tests.helpers import TINY_MODEL, make_table, run_cli, run_script, walked_from_the_run_s_start
+from tests.helpers import (
+    PREDICT_BATCH,
+    TINY_MODEL,
+    make_table,
+    run_cli,
+    run_script,
+    walked_from_the_run_s_start,
+)
 
 TIMES, NAMES, H = 30, 40, 4
 QUANTILES = ("q0.1", "q0.5", "q0.9")
@@ -164,7 +171,7 @@ def _serve(neutral: SimpleNamespace, table: pa.Table, name: str) -> tuple[pa.Tab
 
     path = neutral.tmp / f"{name}.parquet"
     pq.write_table(table, path)
-    predicted = foxhunt.load(neutral.ckpt).predict(path)
+    predicted = foxhunt.load(neutral.ckpt, batch_size=PREDICT_BATCH).predict(path)
     out = neutral.tmp / f"{name}.served.parquet"
     assert cli.main([str(neutral.onnx), str(path), str(out), "--overwrite"]) == 0
     return predicted, pq.read_table(out)
@@ -270,7 +277,8 @@ def test_a_model_trained_without_a_cross_section_serves_a_partial_last_time_as_g
     for k in ("y", "f1", "f2"):
         cols[k] = np.where(future | late, np.nan, cols[k])
     stamps = pa.array(cols["timestamp"], pa.timestamp("ns", tz="UTC"))
-    got = foxhunt.load(tiny_run.ckpt).predict(pa.table(cols).set_column(0, "timestamp", stamps))
+    predictor = foxhunt.load(tiny_run.ckpt, batch_size=PREDICT_BATCH)
+    got = predictor.predict(pa.table(cols).set_column(0, "timestamp", stamps))
     origins = got["origin_time"].cast(pa.int64()).to_pylist()
     origin = dict(zip(got["instrument"].to_pylist(), origins, strict=True))
     times = cols["timestamp"][:60]

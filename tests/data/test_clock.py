@@ -70,8 +70,9 @@ def _inspected(times: np.ndarray, zone: str) -> Inspection:
     cfg.group_column, cfg.futures.enabled = None, False
     cfg.calendar.time_zone, cfg.calendar.close = zone, None
     out = Inspection()
-    _instruments(pa.table({"timestamp": pa.array(times, pa.int64())}), cfg, out)
-    _zone(times, cfg, out)
+    clock = clock_of(cfg)
+    _instruments(pa.table({"timestamp": pa.array(times, pa.int64())}), cfg, clock, out)
+    _zone(times, clock, out)
     return out
 
 

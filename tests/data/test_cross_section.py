@@ -23,7 +23,14 @@ from foxhunt.data.samples import stock_panel_table
 from foxhunt.errors import ConfigError
 from foxhunt.evaluation.loss import XS_WEIGHT
 from foxhunt.training.checkpoint_io import read_checkpoint_hparams
-from tests.helpers import TINY_MODEL, compose_train, run_cli, run_script
+from tests.helpers import (
+    PREDICT_BATCH,
+    TINY_MODEL,
+    compose_train,
+    run_cli,
+    run_script,
+    without_lightgbm,
+)
 
 
 def test_ranks_match_scipy_date_by_date_with_ties_and_lone_names():
@@ -157,7 +164,8 @@ def market_neutral(panel, tmp_path_factory: pytest.TempPathFactory, request):
         "report=false",
         f"hydra.run.dir={tmp / 'run'}",
     ]
-    assert run_cli(*args, cwd=tmp).returncode == 0
+    with without_lightgbm():  # 4 s of the 6 s on this panel; the baselines have their tests
+        assert run_cli(*args, cwd=tmp).returncode == 0
     summary = json.loads((tmp / "run" / "summary.json").read_text())
     return summary | {"data_path": str(panel), "ranked": how == "rank"}, tmp
 
@@ -171,6 +179,7 @@ def predicted(market_neutral):
         f"ckpt_path={summary['best_checkpoint']}",
         f"data.path={summary['data_path']}",
         f"predict.out={out}",
+        f"predict.batch_size={PREDICT_BATCH}",
         f"hydra.run.dir={tmp / 'predict'}",
         cwd=tmp,
         script="predict.py",
@@ -199,7 +208,8 @@ def every_window(market_neutral):
     import foxhunt
 
     summary, _ = market_neutral
-    return foxhunt.load(summary["best_checkpoint"]).predict(summary["data_path"], all_windows=True)
+    predictor = foxhunt.load(summary["best_checkpoint"], batch_size=PREDICT_BATCH)
+    return predictor.predict(summary["data_path"], all_windows=True)
 
 
 def test_predict_gives_the_raw_return_beside_the_market_neutral_target(panel, every_window):

@@ -12,13 +12,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from foxhunt_serve import TIME_UNITS
 from foxhunt_serve.features import calendar
 
 from foxhunt.app.report.markdown import data_section as _data_section
 from foxhunt.config import CalendarConfig
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.features import KNOWN_CALENDAR, clock_of
-from foxhunt.data.read import TIME_UNITS, load_table
+from foxhunt.data.read import load_table
 from foxhunt.data.splits import iso_time
 from foxhunt.errors import CheckpointError, ConfigError, DataError
 from tests.helpers import FIVE_MIN, T0, make_table, ohlcv_cfg, with_, write_table

@@ -14,7 +14,6 @@ from foxhunt_serve.features import calendar
 from omegaconf import OmegaConf
 
 from foxhunt.config import DataConfig
-from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import (
     KNOWN_CALENDAR,
     OhlcvSpec,
@@ -25,6 +24,7 @@ from foxhunt.data.features import (
     ohlcv_spec,
     warmup_of,
 )
+from foxhunt.data.section import ohlcv_spec_of
 from foxhunt.errors import ConfigError, DataError
 
 NS_MIN = 60 * 10**9

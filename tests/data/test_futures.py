@@ -22,6 +22,7 @@ from foxhunt.app.report.markdown import rolls_section as _rolls_section
 from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.data.futures import continuous_table, roll_schedule, stitch
+from foxhunt.data.section import DataSection
 from foxhunt.errors import ConfigError, DataError
 from tests.helpers import (
     DAY,
@@ -134,7 +135,7 @@ def test_a_full_listing_s_schedule_is_online_and_its_returns_are_the_path_s():
     )
     cfg = futures_cfg("unused.parquet")
     cfg.futures.roll.confirm_bars = confirm
-    _, full = continuous_table(table, cfg)
+    _, full = continuous_table(table, DataSection.of(cfg))
     held = ["ESH6", *(r.to_id for r in full)]
     assert held == ["ESH6", "ESM6", "ESU6", "ESZ6", "ESH7", "ESM7", "ESU7", "ESZ7"]
     assert [r.held_at_end for r in full] == [False] * 6 + [True]
@@ -146,7 +147,7 @@ def test_a_full_listing_s_schedule_is_online_and_its_returns_are_the_path_s():
     assert {decided - k * DAY for k in range(4)} <= set(cuts.tolist())
     for cut in cuts:
         part = table.filter(pc.less_equal(table["timestamp"].cast(pa.int64()), cut))
-        out, rolls = continuous_table(part, cfg)
+        out, rolls = continuous_table(part, DataSection.of(cfg))
         want = [r for r in full if r.time_ns <= cut]
         got = [(r.time_ns, r.from_id, r.to_id, r.factor) for r in rolls]
         assert got == [(r.time_ns, r.from_id, r.to_id, r.factor) for r in want], cut
@@ -162,7 +163,7 @@ def test_a_full_listing_s_schedule_is_online_and_its_returns_are_the_path_s():
     cut = roll.time_ns - 20 * DAY
     paused = pc.and_(pc.equal(symbol, "ESM7"), pc.greater(time_ns, cut - 2 * DAY))
     part = table.filter(pc.and_(pc.less_equal(time_ns, cut), pc.invert(paused)))
-    rolls = continuous_table(part, cfg)[1]
+    rolls = continuous_table(part, DataSection.of(cfg))[1]
     assert rolls[-1].to_id == "ESM7" and len(rolls) == len([r for r in full if r.time_ns <= cut])
 
 
@@ -212,7 +213,7 @@ def test_an_expired_front_with_no_signal_rolls_at_its_last_bar_with_a_warning(ca
     cfg = futures_cfg("unused.parquet")
     cfg.futures.roll.strict = True  # data.futures.roll.strict=true: the error
     with pytest.raises(DataError, match="contracts ESH6 and ESM6 overlap on 40 bars but ESM6's"):
-        continuous_table(contracts_table(flat), cfg)
+        continuous_table(contracts_table(flat), DataSection.of(cfg))
     with pytest.raises(ConfigError, match="open_interest_column"):
         roll_schedule(cs, "open_interest")
 
@@ -391,7 +392,7 @@ def test_a_model_trained_on_two_contracts_forecasts_the_third(tmp_path):
     cfg = futures_cfg(tmp_path / "all.parquet")
     cfg.futures.roll.confirm_bars = 3  # the default the run and the predictor use
     stitched, _ = continuous_table(
-        nxt.cast(nxt.schema.set(0, pa.field("timestamp", pa.timestamp("ns")))), cfg
+        nxt.cast(nxt.schema.set(0, pa.field("timestamp", pa.timestamp("ns")))), DataSection.of(cfg)
     )
     # the checkpoint carries its run's data config (futures on): off for a stitched series
     plain = foxhunt.load(ckpt, {"group_column": "symbol", "futures": {"enabled": False}})

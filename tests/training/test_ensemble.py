@@ -15,10 +15,17 @@ from omegaconf import OmegaConf
 import foxhunt
 from foxhunt.app.train.phases import train
 from foxhunt.models.ensemble import Ensemble
-from tests.helpers import compose_train, make_table, run_script, tiny_overrides, write_table
+from tests.helpers import (
+    compose_train,
+    make_table,
+    needs,
+    run_script,
+    tiny_overrides,
+    write_table,
+)
 
 pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+needs("onnxscript")
 
 SMALL = ("model.hidden_dim=16", "model.num_heads=2", "model.variable_dim=4")
 BRIEF = ("trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1")

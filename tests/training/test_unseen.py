@@ -14,7 +14,14 @@ from foxhunt.config import ModelConfig, OptimConfig
 from foxhunt.data.schema import DataSchema
 from foxhunt.precision.onnx import onnx_inputs
 from foxhunt.training.module import TFTModule, forecasts_unseen, instrument_rows, upgrade
-from tests.helpers import FIVE_MIN, compose_train, make_table, tiny_overrides, write_table
+from tests.helpers import (
+    FIVE_MIN,
+    PREDICT_BATCH,
+    compose_train,
+    make_table,
+    tiny_overrides,
+    write_table,
+)
 
 
 def _schema(groups: list[str]) -> DataSchema:
@@ -78,7 +85,7 @@ def test_a_model_without_the_embedding_forecasts_a_name_listed_after_training(tm
     path = write_table(tmp_path / "train.parquet", cols)
     cfg = compose_train(*tiny_overrides(path, "model.instrument_embedding=false"))
     summary = train(cfg, tmp_path / "run")
-    predictor = foxhunt.load(summary["best_checkpoint"], device="cpu")
+    predictor = foxhunt.load(summary["best_checkpoint"], device="cpu", batch_size=PREDICT_BATCH)
     before = predictor.predict(path, all_windows=True)
     cols["symbol"] = np.where(cols["symbol"] == "BBB", "CCC", cols["symbol"])
     renamed = write_table(tmp_path / "renamed.parquet", cols)

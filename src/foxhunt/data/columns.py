@@ -3,7 +3,6 @@ from the configured data settings and the Parquet footers alone: no rows are rea
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,19 +10,12 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 from foxhunt_serve import CONTEXT
 
-from foxhunt.data.features import (
-    OhlcvSpec,
-    clock_of,
-    feature_names,
-    feature_plan,
-    ohlcv_spec,
-    warmup_of,
-)
+from foxhunt.data.features import OhlcvSpec, feature_names, feature_plan
+from foxhunt.data.section import OHLCV_FIELDS, DataSection, futures_enabled, ohlcv_spec_of
 from foxhunt.data.source import one_line
 from foxhunt.errors import ConfigError, DataError
 
 OHLCV_TARGET = "log_return"
-OHLCV_FIELDS = ("open", "high", "low", "close", "volume")
 
 
 def is_numeric(t: pa.DataType) -> bool:
@@ -99,19 +91,6 @@ def resolve_columns(
     return observed, known, static, target, values
 
 
-def futures_enabled(cfg: Any) -> bool:
-    """data.futures.enabled, once `foxhunt.data.names` has decided `auto` from the data."""
-    futures = getattr(cfg, "futures", None)
-    if futures is None:
-        return False
-    if futures.enabled == "auto":
-        raise ConfigError(
-            "data.futures.enabled=auto is decided from the data's instrument ids, and no data "
-            "file was given: give data.path, or set data.futures.enabled=true or false"
-        )
-    return bool(futures.enabled)
-
-
 def extra_features(
     cfg: Any, observed: list[str], target: str, known: list[str], static: list[str]
 ) -> list[str]:
@@ -126,18 +105,6 @@ def extra_features(
         if c in roles:
             raise ConfigError(f"data.extra_features names '{c}', which is {roles[c]}")
     return [c for c in extra if c not in observed]
-
-
-def ohlcv_spec_of(cfg: Any) -> OhlcvSpec | None:
-    """The feature families to derive from raw bars; None unless data.features=ohlcv."""
-    if cfg.features != "ohlcv":
-        return None
-    fields = {f.name: f.default for f in dataclasses.fields(OhlcvSpec) if f.name != "intraday"}
-    # a checkpoint's config from before a family lacks its key: the spec's default (none)
-    spec = ohlcv_spec(**{k: getattr(cfg.ohlcv, k, d) for k, d in fields.items()})
-    # unresolved (no data seen: `footer_schema` for the memory estimator): as intraday bars
-    intraday = getattr(cfg.ohlcv, "intraday", "auto")
-    return dataclasses.replace(spec, intraday=intraday in (True, "auto", "true"))
 
 
 def model_inputs(cfg: Any, observed: list[str], known: list[str]) -> tuple[list[str], list[str]]:
@@ -219,12 +186,15 @@ class ColumnPlan:
     values: list[str]  # the numeric columns read
     spec: OhlcvSpec | None
     skipped: dict[str, str]  # column -> its type: not numeric, so left out by features=all
+    section: DataSection  # how the file is read, the run's clock with it
     # how `foxhunt_serve.make_series` makes each series' inputs, as model.json tells predict
     meta: dict[str, Any]
 
 
-def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
-    """The role of every configured column, from the dataset's schema alone (no rows read)."""
+def column_plan(dataset: pads.Dataset, cfg: Any, section: DataSection | None = None) -> ColumnPlan:
+    """The role of every configured column, from the dataset's schema alone (no rows read);
+    `section`: the run's (none: the config's)."""
+    section = section or DataSection.of(cfg)
     observed, known, static, target, values = resolve_columns(dataset.schema, cfg)
     model_observed, model_known = model_inputs(cfg, observed, known)
     taken = [c for c in CONTEXT if getattr(cfg, "market_context", False) and c in model_observed]
@@ -235,13 +205,6 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
         )
     sources = feature_sources(cfg, target, model_observed, model_known)
     sources |= {s: {"role": "static", "source": "column", "column": s} for s in static}
-    data = {
-        "time_column": cfg.time_column,
-        "group_column": cfg.group_column,
-        "nan_policy": str(cfg.nan_policy),
-        "ohlcv": ohlcv_section(cfg),
-        "calendar": clock_of(cfg).section(),
-    }
     return ColumnPlan(
         cfg=cfg,
         observed=model_observed,
@@ -254,17 +217,9 @@ def column_plan(dataset: pads.Dataset, cfg: Any) -> ColumnPlan:
         values=values,
         spec=ohlcv_spec_of(cfg),
         skipped=skipped_columns(dataset.schema, cfg),
-        meta={"data": data, "features": sources, "target": {"name": target}},
+        section=section,
+        meta={"data": section.as_dict(), "features": sources, "target": {"name": target}},
     )
-
-
-def ohlcv_section(cfg: Any) -> dict[str, Any] | None:
-    """model.json's `data.ohlcv`: the OHLCV columns and the warm-up rows the derived features
-    drop (none: data.features is not ohlcv)."""
-    spec = ohlcv_spec_of(cfg)
-    if spec is None:
-        return None
-    return {f: str(getattr(cfg.ohlcv, f)) for f in OHLCV_FIELDS} | {"warmup_rows": warmup_of(spec)}
 
 
 def feature_sources(

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from foxhunt_serve import Clock
 from torch.utils.data import DataLoader, DistributedSampler
 
 from foxhunt.data import daylight
@@ -19,6 +20,7 @@ from foxhunt.data.features import INTRADAY_CALENDAR, clock_of, learned_sessions
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import bar_step, read_data, read_end, timeline
 from foxhunt.data.schema import DataSchema, constant_features, drop_features
+from foxhunt.data.section import DataSection
 from foxhunt.data.splits import SPLITS, calendar_cuts, iso_time
 from foxhunt.data.store import open_store, wants_lazy
 from foxhunt.data.windows import WindowArrays, WindowBuilder, WindowDataset, split_windows
@@ -114,6 +116,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.schema: DataSchema | None = None
         self.datasets: dict[str, WindowDataset] = {}
         self.store_path: Path | None = None  # the lazy path's window store (data.lazy)
+        self.section: DataSection | None = None  # how the file is read, once setup resolved it
         self.rolls: list = []  # data.futures: every root's rolls
         self.splits: dict[str, Any] = {}  # the cuts and each instrument's target spans
         # the bars keep another zone's daylight-saving dates (`foxhunt.data.daylight`)
@@ -129,14 +132,16 @@ class ParquetDataModule(L.LightningDataModule):
         if self.schema is not None:
             return
         self.prepare_data()
-        resolve_intraday(self.cfg, self.fixed_schema)
+        clock = clock_of(self.cfg)  # the run's, built once: the reads and the sessions take it
+        resolve_intraday(self.cfg, self.fixed_schema, clock)
         if self.fixed_schema is not None and str(self.cfg.target_kind) == "auto":
             self.cfg.target_kind = self.fixed_schema.target_kind  # the kind it was trained as
         if self.fixed_schema is not None:  # and its target as transformed then
             self.cfg.target_transform = self.fixed_schema.target_transform
+        self.section = DataSection.of(self.cfg, clock)  # with everything above resolved
         if wants_lazy(self.cfg):  # a disk-backed store built one instrument at a time
             fixed = self.fixed_schema.to_dict() if self.fixed_schema is not None else None
-            store = open_store(self.cfg, fixed, self.resolve_schema)
+            store = open_store(self.cfg, fixed, self.resolve_schema, self.section)
             self.store_path = store.path
             log.info(
                 "data: %s the window store %s", "reusing" if store.reused else "built", store.path
@@ -144,13 +149,12 @@ class ParquetDataModule(L.LightningDataModule):
             schema, arrays, self.splits = store.schema, store.arrays, store.splits
             self.rolls, instruments = store.rolls, store.instruments
         else:  # every instrument at once, in memory
-            loaded = read_data(self.cfg)  # first: its checks name what is wrong with the files
-            cuts = calendar_cuts(timeline(self.cfg), self.cfg)
+            loaded = read_data(self.cfg, self.section)  # first: its checks name the files' faults
+            cuts = calendar_cuts(timeline(self.cfg, self.section), self.cfg)
             schema, arrays, self.splits = split_windows(
                 loaded, cuts, self.cfg, self.resolve_schema, WindowBuilder()
             )
             self.rolls, instruments = loaded.rolls, len(loaded.series)
-        clock = clock_of(self.cfg)
         self.zone_warning = daylight.warning(np.asarray(arrays.time_ns), clock)
         self.target_warnings = list(self.splits.get("target_warnings", []))  # (older store: [])
         if self.fixed_schema is None:  # the sessions a short input will not show
@@ -321,7 +325,9 @@ def _fraction(cfg: Any, split: str) -> float:
     return cfg.val_fraction if split == "val" else cfg.test_fraction
 
 
-def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
+def resolve_intraday(
+    cfg: Any, schema: DataSchema | None = None, clock: Clock | None = None
+) -> None:
     """data.ohlcv.intraday=auto, resolved in `cfg`: as `schema` (a checkpoint's) has it, else
     from the median bar step of the data's first file (daily bars or longer: no time-of-day
     features). A file whose times cannot be read is left to `read_data` to name what is wrong."""
@@ -332,7 +338,9 @@ def resolve_intraday(cfg: Any, schema: DataSchema | None = None) -> None:
         cfg.ohlcv.intraday = INTRADAY_CALENDAR[0] in known or not {"dow_sin", "dow_cos"} <= known
         return
     try:
-        step = bar_step(cfg)  # one file's times: a cached window store is not read again
+        step = bar_step(
+            cfg, clock or clock_of(cfg)
+        )  # one file's times: a cached window store is not read again
     except DataError:
         return
     cfg.ohlcv.intraday = step is None or step < DAILY_BAR_NS

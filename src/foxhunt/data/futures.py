@@ -7,21 +7,19 @@ checks, its translation for the serving core, and rolls.csv.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import pyarrow as pa
-from foxhunt_serve import ADJUSTMENTS, PRICES, RULES, Continuous, Contract, Roll, continuous
+from foxhunt_serve import ADJUSTMENTS, RULES, Continuous, Contract, Roll, continuous
 from foxhunt_serve import roll_schedule as serve_roll_schedule
 from foxhunt_serve import stitch as serve_stitch
 
-from foxhunt.config import parse_time
-from foxhunt.data.features import clock_of
+from foxhunt.data.section import DataSection
 from foxhunt.errors import ConfigError
 
 __all__ = [
     "ROLLS",
     "continuous_table",
-    "futures_section",
     "roll_schedule",
     "rolls_table",
     "stitch",
@@ -65,51 +63,20 @@ def stitch(contracts: list[Contract], rolls: list[Roll], adjust: str) -> Continu
     return serve_stitch(contracts, rolls, adjust)
 
 
-def futures_section(cfg: Any) -> dict[str, Any]:
-    """data.futures as the serving core applies it (model.json's `data.futures`): contract ids
-    to roots, the roll rule; roll dates as int64 ns UTC."""
-    f, roll = cfg.futures, cfg.futures.roll
-    return {
-        "root_column": getattr(f, "root_column", None),
-        "root_pattern": f.root_pattern,
-        "roll": {
-            "rule": str(roll.rule),
-            "confirm_bars": roll.confirm_bars,
-            "days": roll.days,
-            "dates_ns": [parse_time("data.futures.roll.dates", d) for d in roll.dates],
-            "open_interest_column": roll.open_interest_column,
-            "expiry_column": getattr(roll, "expiry_column", None),
-            "strict": bool(getattr(roll, "strict", False)),
-            # the derived inputs (ratios of prices) come from ratio-adjusted prices whatever
-            # roll.adjust says (foxhunt_serve.futures.continuous)
-            "adjust": "ratio",
-        },
-    }
-
-
-def continuous_table(table: pa.Table, cfg: Any) -> tuple[pa.Table, list[Roll]]:
+def continuous_table(table: pa.Table, section: DataSection) -> tuple[pa.Table, list[Roll]]:
     """data.futures: the rows of a table (the common types of `foxhunt.data.read`) whose group
     column holds contract ids, as one continuous series per root: the held contract's rows,
     their prices (data.ohlcv's open, high, low, close) back-adjusted, the group column holding
     the root; and every root's rolls."""
-    if cfg.features != "ohlcv" or cfg.group_column is None:
+    if section.ohlcv is None or section.group_column is None or section.futures is None:
         raise ConfigError(
             "data.futures needs data.features=ohlcv (its prices are adjusted) and "
             "data.group_column naming the contract id"
         )
-    futures = futures_section(cfg)
-    roll = futures["roll"]
+    roll = section.futures["roll"]
     check_roll(roll["rule"], roll["dates_ns"], bool(roll["open_interest_column"]))
-    data = {
-        "time_column": cfg.time_column,
-        "time_unit": None,  # the common types' times are timestamps
-        # a naive time column's clock (an in-memory table; the common types' times are UTC)
-        "calendar": clock_of(cfg).section(),
-        "group_column": cfg.group_column,
-        "ohlcv": {p: getattr(cfg.ohlcv, p) for p in (*PRICES, "volume")},
-        "futures": futures,
-    }
-    return continuous(table, data)
+    # the common types' times are timestamps (UTC), whatever unit the file's had
+    return continuous(table, dataclasses.replace(section, time_unit=None).as_dict())
 
 
 def rolls_table(rolls: list[Roll]) -> pa.Table:

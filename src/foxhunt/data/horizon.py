@@ -6,22 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
 from foxhunt_serve import Future
-from foxhunt_serve import split_future as serve_split_future
 
-from foxhunt.data.columns import ohlcv_spec_of
 from foxhunt.data.features import feature_plan
-from foxhunt.data.serving import data_section
+from foxhunt.data.section import ohlcv_spec_of
 
-__all__ = ["Future", "known_of", "split_future"]
-
-
-def split_future(table: pa.Table, cfg: Any) -> tuple[pa.Table, dict[str, Future]]:
-    """Take off each instrument's rows after its last target value (the target, or with
-    features=ohlcv the close, empty): the bars to forecast, whose known inputs may be given.
-    Returns the table without them and those rows by instrument (with data.futures, by root)."""
-    return serve_split_future(table, data_section(cfg))
+__all__ = ["Future", "known_of"]
 
 
 def known_of(cfg: Any) -> tuple[list[str], dict[str, str]]:

@@ -18,8 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from foxhunt.data.columns import OHLCV_FIELDS, is_numeric
+from foxhunt.data.columns import is_numeric
 from foxhunt.data.read import group_names
+from foxhunt.data.section import OHLCV_FIELDS
 from foxhunt.data.source import ensure_sample, open_dataset
 from foxhunt.errors import ConfigError, DataError
 

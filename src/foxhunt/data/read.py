@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from foxhunt_serve import TIME_UNITS, Roll, as_float, as_text, group_codes, read_time_ns
+from foxhunt_serve import Clock, Roll, as_float, as_text, group_codes, read_time_ns
 from foxhunt_serve import make_series as serve_series
 
 from foxhunt.config import parse_time
@@ -25,12 +25,11 @@ from foxhunt.data.columns import (
     ColumnPlan,
     check_files,
     column_plan,
-    futures_enabled,
 )
-from foxhunt.data.features import clock_of
 from foxhunt.data.futures import continuous_table
+from foxhunt.data.section import DataSection, futures_enabled
 from foxhunt.data.source import one_line, open_dataset
-from foxhunt.errors import ConfigError, DataError
+from foxhunt.errors import DataError
 
 
 @dataclass
@@ -75,16 +74,6 @@ class Loaded:
         )
 
 
-def time_ns_of(table: pa.Table, cfg: Any) -> np.ndarray:
-    """The time column as int64 nanoseconds since 1970 UTC: a timestamp or date column by its
-    own unit, an integer column by data.time_unit (required: nothing in the file says it);
-    naive timestamps are local times on data.calendar's clock (`foxhunt_serve.read.time_ns`)."""
-    if cfg.time_unit is not None and cfg.time_unit not in TIME_UNITS:
-        raise ConfigError(f"data.time_unit must be s, ms, us or ns, got {cfg.time_unit!r}")
-    zone = clock_of(cfg).time_zone
-    return read_time_ns(table, cfg.time_column, cfg.time_unit, zone)
-
-
 def make_series(
     plan: ColumnPlan,
     name: str,
@@ -107,10 +96,11 @@ def make_series(
     )
 
 
-def read_data(cfg: Any) -> Loaded:
-    """Read, check and shape the configured data; every user-fixable problem is a DataError."""
+def read_data(cfg: Any, section: DataSection | None = None) -> Loaded:
+    """Read, check and shape the configured data; every user-fixable problem is a DataError.
+    `section`: the run's (none: the config's)."""
     dataset = open_dataset(cfg.path)
-    plan = column_plan(dataset, cfg)
+    plan = column_plan(dataset, cfg, section)
     check_files(dataset, cfg, plan.values)
     # file by file in its own types, as `stream` reads them, then in the common ones: a scan of
     # the dataset would cast every file to the first one's types (a float to its int8, say)
@@ -143,7 +133,7 @@ def common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     instrument names as text, values in float64."""
     cfg = plan.cfg
     utc = pa.timestamp("ns", tz="UTC")  # read as UTC again, whatever data.calendar says
-    columns = {cfg.time_column: pa.array(time_ns_of(table, cfg), utc)}
+    columns = {cfg.time_column: pa.array(plan.section.time_ns(table), utc)}
     if cfg.group_column:
         columns[cfg.group_column] = as_text(table.column(cfg.group_column), cfg.group_column)
     columns |= {c: pa.array(as_float(table, c)) for c in plan.values}
@@ -154,9 +144,9 @@ def common_types(plan: ColumnPlan, table: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
-def load_table(table: pa.Table, cfg: Any) -> Loaded:
+def load_table(table: pa.Table, cfg: Any, section: DataSection | None = None) -> Loaded:
     """`read_data` for a table already in memory (`cfg.path` only names it in messages)."""
-    return from_table(column_plan(pads.dataset(table), cfg), table)
+    return from_table(column_plan(pads.dataset(table), cfg, section), table)
 
 
 def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = None) -> Loaded:
@@ -165,14 +155,14 @@ def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = N
     raising the first (foxhunt inspect lists them all)."""
     cfg = plan.cfg
     if (end := read_end(cfg)) is not None:
-        table = table.filter(pa.array(time_ns_of(table, cfg) < end))
+        table = table.filter(pa.array(plan.section.time_ns(table) < end))
     if table.num_rows == 0:
         raise DataError(f"{cfg.path} has no rows")
 
     rolls = []
     if futures_enabled(cfg):  # one continuous series per root (foxhunt.data.futures)
-        table, rolls = continuous_table(table, cfg)
-    time_ns = time_ns_of(table, cfg)
+        table, rolls = continuous_table(table, plan.section)
+    time_ns = plan.section.time_ns(table)
     codes, names = group_codes(table, cfg.group_column)
     values = {c: as_float(table, c) for c in plan.values}
     order = np.argsort(codes, kind="stable")
@@ -209,25 +199,26 @@ def root_column(cfg: Any) -> str | None:
     return getattr(cfg.futures, "root_column", None) if futures_enabled(cfg) else None
 
 
-def timeline(cfg: Any) -> np.ndarray:
+def timeline(cfg: Any, section: DataSection | None = None) -> np.ndarray:
     """Every distinct time of the data, all instruments together (sorted int64 ns), reading
     only the time column a file at a time: the calendar the splits cut (`data.splits`)."""
-    dataset = open_dataset(cfg.path)
+    dataset, section = open_dataset(cfg.path), section or DataSection.of(cfg)
     times = [
-        np.unique(time_ns_of(read_file(dataset, fragment, [cfg.time_column]), cfg))
+        np.unique(section.time_ns(read_file(dataset, fragment, [cfg.time_column])))
         for fragment in dataset.get_fragments()
     ]
     return np.unique(np.concatenate(times)) if times else np.zeros(0, np.int64)
 
 
-def bar_step(cfg: Any) -> float | None:
+def bar_step(cfg: Any, clock: Clock) -> float | None:
     """The median step between the distinct times of the data's first file (int64 ns): the
     bar frequency, from one file's time column (not the whole timeline); None under 2 times."""
     dataset = open_dataset(cfg.path)
     fragment = next(iter(dataset.get_fragments()), None)
     if fragment is None:
         return None
-    times = np.unique(time_ns_of(read_file(dataset, fragment, [cfg.time_column]), cfg))
+    table = read_file(dataset, fragment, [cfg.time_column])
+    times = np.unique(read_time_ns(table, cfg.time_column, cfg.time_unit, clock.time_zone))
     return float(np.median(np.diff(times))) if len(times) > 1 else None
 
 

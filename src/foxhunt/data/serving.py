@@ -9,48 +9,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from foxhunt_serve import CONTEXT, SCALE_INPUT
+from foxhunt_serve import CONTEXT, SCALE_INPUT, Clock
 
-from foxhunt.data.columns import (
-    OHLCV_FIELDS,
-    column_plan,
-    feature_sources,
-    futures_enabled,
-    ohlcv_section,
-)
-from foxhunt.data.features import clock_of
-from foxhunt.data.futures import futures_section
+from foxhunt.data.columns import column_plan, feature_sources
 from foxhunt.data.schema import DataSchema
+from foxhunt.data.section import OHLCV_FIELDS, DataSection, futures_enabled
 
 
-def data_section(cfg: Any, schema: DataSchema | None = None) -> dict[str, Any]:
-    """How a file is read for this model: the columns and their roles, the numeric columns
-    read (the NaN policy applies to each; with `schema`), the OHLCV columns and the warm-up
-    rows the derived features drop, the futures roll, the exchange's clock (`calendar`: its
-    time zone, cash close, session rule, holidays, exchange and, with `schema`, the sessions
-    learned in training)."""
-    section = {
-        "time_column": cfg.time_column,
-        "time_unit": None if cfg.time_unit is None else str(cfg.time_unit),
-        "group_column": cfg.group_column,
-        "target_column": cfg.target,  # None: the log return of the close (derived)
-        "known_columns": list(cfg.known_features),  # given in the rows to forecast too
-        "nan_policy": str(cfg.nan_policy),
-        "columns_read": None if schema is None else columns_read(cfg, schema),
-        "ohlcv": ohlcv_section(cfg),
-        "futures": futures_section(cfg) if futures_enabled(cfg) else None,
-        "calendar": clock_of(cfg).section(),
-        # foxhunt_serve.cross_section: the inputs (their names and bases in `features`) and
-        # the target, across the names at each time
-        "cross_section": str(getattr(cfg, "cross_section", "none")),
-        "market_context": bool(getattr(cfg, "market_context", False)),
-        "target_transform": "none" if schema is None else schema.target_transform,
-    }
-    if schema is None:
-        del section["columns_read"]
-    elif schema.sessions:  # the sessions learned in training (foxhunt_serve.clock.Sessions)
-        section["calendar"]["sessions"] = schema.sessions
-    return section
+def trained_section(cfg: Any, schema: DataSchema, clock: Clock | None = None) -> DataSection:
+    """model.json's `data` for a model of `schema` read with data config `cfg`, on the run's
+    `clock` (none: the config's): the config's section (`DataSection.of`) with the numeric
+    columns read, the target transform and the sessions training learned."""
+    section = DataSection.of(cfg, clock)
+    read = columns_read(cfg, schema, section)
+    return section.trained(schema.target_transform, read, schema.sessions)
 
 
 def features(schema: DataSchema, cfg: Any) -> dict[str, dict[str, Any]]:
@@ -95,7 +67,7 @@ def _across(name: str, cfg: Any, schema: DataSchema) -> str | None:
     return base if how != "none" and base != name and base in schema.observed else None
 
 
-def columns_read(cfg: Any, schema: DataSchema) -> list[str]:
+def columns_read(cfg: Any, schema: DataSchema, section: DataSection) -> list[str]:
     """The numeric columns predict reads from a file for this model, from the column plan of a
     stand-in file with the columns the config names (data.features=all: the model's own)."""
     floats = [*cfg.known_features, *cfg.static_features, *cfg.extra_features]
@@ -122,4 +94,4 @@ def columns_read(cfg: Any, schema: DataSchema) -> list[str]:
             columns[cfg.futures.root_column] = pa.string()
     columns |= {c: pa.float64() for c in floats if c not in columns}
     stand_in = pa.schema([pa.field(name, kind) for name, kind in columns.items()])
-    return list(column_plan(pads.dataset(stand_in.empty_table()), cfg).values)
+    return list(column_plan(pads.dataset(stand_in.empty_table()), cfg, section).values)

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from foxhunt.data import panel_inputs
 from foxhunt.data.columns import model_inputs, resolve_columns, resolve_target_kind
 from foxhunt.data.read import instrument_names, timeline
+from foxhunt.data.section import DataSection
 from foxhunt.data.source import data_files, open_dataset
 from foxhunt.data.splits import SPLITS, calendar_cuts
 from foxhunt.data.stream import stream
@@ -189,7 +190,9 @@ def _open(entry: Path, reused: bool) -> Store:
     )
 
 
-def open_store(cfg: Any, fixed_schema: dict | None, resolve: Resolve) -> Store:
+def open_store(
+    cfg: Any, fixed_schema: dict | None, resolve: Resolve, section: DataSection
+) -> Store:
     """The cached store of the configured data, built first if there is none.
     `resolve(found, constant)` turns the schema found in the data (with train-split statistics,
     and which encoder columns are constant over the training rows) into the
@@ -206,7 +209,7 @@ def open_store(cfg: Any, fixed_schema: dict | None, resolve: Resolve) -> Store:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
     try:
-        _build(cfg, building, resolve)
+        _build(cfg, building, resolve, section)
         building.rename(entry)
     except OSError as exc:
         shutil.rmtree(building, ignore_errors=True)
@@ -240,9 +243,9 @@ def _evict_older(entry: Path) -> None:
             shutil.rmtree(other, ignore_errors=True)
 
 
-def _build(cfg: Any, folder: Path, resolve: Resolve) -> None:
-    loaded = stream(cfg, folder / "spill")  # first: its checks name what is wrong with the files
-    cuts = calendar_cuts(timeline(cfg), cfg)
+def _build(cfg: Any, folder: Path, resolve: Resolve, section: DataSection) -> None:
+    loaded = stream(cfg, folder / "spill", section)  # first: its checks name what is wrong
+    cuts = calendar_cuts(timeline(cfg, section), cfg)
     builder = DiskWindowBuilder(folder)
     schema, arrays, splits = split_windows(loaded, cuts, cfg, resolve, builder)
     # the kind the training rows showed decides a transform that waited for it (wants_lazy)

@@ -27,7 +27,6 @@ from foxhunt.data.read import (
     as_text,
     common_types,
     from_table,
-    futures_enabled,
     group_codes,
     make_series,
     projection,
@@ -35,8 +34,8 @@ from foxhunt.data.read import (
     read_file,
     root_column,
     root_of,
-    time_ns_of,
 )
+from foxhunt.data.section import DataSection, futures_enabled
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import DataError
 
@@ -118,7 +117,7 @@ class _Spill:
         self.folder.mkdir(parents=True, exist_ok=True)
         for batch in _batches(piece, [cfg.time_column, cfg.group_column, *self.plan.values]):
             table = pa.Table.from_batches([batch])
-            t = time_ns_of(table, cfg)
+            t = self.plan.section.time_ns(table)
             codes, names = group_codes(table, cfg.group_column)
             values = np.column_stack([as_float(table, c) for c in self.plan.values])
             order = np.argsort(codes, kind="stable")
@@ -178,7 +177,7 @@ def _read_series(plan: ColumnPlan, name: str, layout: _Layout, spill: _Spill) ->
                 table = piece.to_table(columns=[cfg.time_column, *plan.values])
             except (pa.ArrowInvalid, OSError) as exc:
                 raise DataError(f"cannot read {piece.path}: {one_line(exc)}") from None
-            t = time_ns_of(table, cfg)
+            t = plan.section.time_ns(table)
             cols = {c: as_float(table, c) for c in plan.values}
         times.append(t)
         columns.append(cols)
@@ -241,14 +240,15 @@ def _stream_roots(dataset: pads.Dataset, plan: ColumnPlan, scratch: Path) -> Loa
     return loaded
 
 
-def stream(cfg: Any, scratch: Path) -> Loaded:
+def stream(cfg: Any, scratch: Path, section: DataSection) -> Loaded:
     """`read.read_data`, one instrument at a time: `series` is an iterator, and each instrument is
     read from the row groups that hold it (several files when it spans them), so memory holds one
     instrument. Row groups that hold several instruments are first sorted out into files
     under `scratch`, in one pass. Errors name the file of the offending rows. With
-    data.futures one root at a time, `rolls` complete once `series` is read."""
+    data.futures one root at a time, `rolls` complete once `series` is read. `section`: the
+    run's."""
     dataset = open_dataset(cfg.path)
-    plan = column_plan(dataset, cfg)
+    plan = column_plan(dataset, cfg, section)
     check_files(dataset, cfg, plan.values)
     if futures_enabled(cfg):
         return _stream_roots(dataset, plan, scratch)

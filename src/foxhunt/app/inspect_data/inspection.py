@@ -21,11 +21,11 @@ from omegaconf import DictConfig
 
 from foxhunt.config import validate
 from foxhunt.data import daylight
-from foxhunt.data.columns import check_files, column_plan, futures_enabled, is_numeric
+from foxhunt.data.columns import check_files, column_plan, is_numeric
 from foxhunt.data.datamodule import DAILY_BAR_NS, ParquetDataModule
-from foxhunt.data.features import clock_of
 from foxhunt.data.names import resolve_data
 from foxhunt.data.read import common_types, from_table, projection, read_file
+from foxhunt.data.section import futures_enabled
 from foxhunt.data.source import open_dataset
 from foxhunt.errors import FoxhuntError
 from foxhunt.memory import MB, estimate
@@ -64,8 +64,9 @@ def inspect_data(cfg: DictConfig, time_batches: bool = True) -> Inspection:
         out.problems.append(str(exc))
         return out
     out.facts["path"] = str(d.path)
-    _instruments(table, d, out)
-    _zone(table[d.time_column].cast(pa.int64()).to_numpy(), d, out)
+    clock = plan.section.clock  # the run's, as training reads the file
+    _instruments(table, d, clock, out)
+    _zone(table[d.time_column].cast(pa.int64()).to_numpy(), clock, out)
     loaded = from_table(plan, table, out.problems)  # each instrument's problem, all of them
     _futures(loaded.rolls, d, out)
     if out.problems:
@@ -109,7 +110,7 @@ def _read(d: Any, out: Inspection) -> tuple[pa.Table, Any]:
     return table, plan
 
 
-def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
+def _instruments(table: pa.Table, d: Any, clock: Clock, out: Inspection) -> None:
     """Each instrument's (or contract's) span, rows, largest gap and calendar."""
     t = table[d.time_column].cast(pa.int64()).to_numpy()
     ids = table[d.group_column].to_numpy(zero_copy_only=False) if d.group_column else None
@@ -117,7 +118,7 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
     start, end = int(t.min()), int(t.max())
     distinct = np.unique(t)
     step = float(np.median(np.diff(distinct))) if len(distinct) > 1 else 0.0
-    each, saturday = {}, _saturdays(t, d)
+    each, saturday = {}, _saturdays(t, clock)
     for g, name in enumerate(names):
         times = np.sort(t if codes is None else t[codes == g])
         gaps = np.diff(times)
@@ -171,25 +172,17 @@ def _instruments(table: pa.Table, d: Any, out: Inspection) -> None:
     )
 
 
-def _saturdays(t: np.ndarray, d: Any) -> np.ndarray:
+def _saturdays(t: np.ndarray, clock: Clock) -> np.ndarray:
     """Whether each time is a Saturday on the configured clock (1970-01-01 was a Thursday)."""
-    return (_clock(d).local(t) // DAY_NS + 4) % 7 == 6
+    return (clock.local(t) // DAY_NS + 4) % 7 == 6
 
 
-def _zone(t: np.ndarray, d: Any, out: Inspection) -> None:
+def _zone(t: np.ndarray, clock: Clock, out: Inspection) -> None:
     """One warning where the bars keep another zone's daylight-saving dates."""
-    zone = daylight.warning(t, _clock(d))
+    zone = daylight.warning(t, clock)
     out.facts["bars"]["zone_warning"] = zone
     if zone:
         out.lines.append(f"warning: {zone}")
-
-
-def _clock(d: Any) -> Clock:
-    """data.calendar's clock; UTC where it is bad (a problem `validate` has named)."""
-    try:
-        return clock_of(d)
-    except FoxhuntError:
-        return Clock()
 
 
 def _futures(rolls: list, d: Any, out: Inspection) -> None:

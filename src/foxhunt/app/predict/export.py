@@ -41,7 +41,7 @@ from omegaconf import DictConfig
 
 from foxhunt.app.predict.predictor import Predictor, load
 from foxhunt.config import MIN_OPSET
-from foxhunt.data.serving import data_section, features, target_section
+from foxhunt.data.serving import features, target_section, trained_section
 from foxhunt.errors import ConfigError
 from foxhunt.evaluation.forecasts import quantile_column
 from foxhunt.files import check_writable, write_atomic, write_json
@@ -171,7 +171,7 @@ def model_description(
         # is their definition)
         "features": features(schema, cfg),
         "feature_code": f"foxhunt_serve.features {serve_version()}",
-        "data": data_section(cfg, schema),
+        "data": trained_section(cfg, schema, predictor.clock).as_dict(),
         "verification": parity,
     }
 

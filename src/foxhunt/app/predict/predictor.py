@@ -267,6 +267,7 @@ class Predictor:
         self.model_cfg = model_cfg
         self.precision = precision
         self.batch_size = batch_size
+        self.clock = clock_of(data_cfg)  # the model's, built once (`_keep_clock` checked it)
         self.quantiles = [float(q) for q in model_cfg["quantiles"]]
         self.calibration: Calibration | None = None  # set by `load`
         self._planned: dict[int, int] = {}  # windows -> planned batch size
@@ -295,7 +296,9 @@ class Predictor:
         cal = None if self.calibration is None else self.calibration.to_dict()
         todo = Todo.of(cal, all_windows)
         unseen = forecasts_unseen(self.model, self.schema)
-        windows = build_windows(table, cfg, self.schema, todo.every, unseen, replay=todo.replay)
+        windows = build_windows(
+            table, cfg, self.schema, todo.every, unseen, replay=todo.replay, clock=self.clock
+        )
         held = None
         if todo.replay is not None:  # the windows whose outputs ACI's state holds: not run
             shape = (len(windows.origin_ns), self.schema.prediction_length, len(self.quantiles))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 from foxhunt_serve import (
+    Clock,
     Cut,
     Facts,
     Sessions,
@@ -22,11 +23,10 @@ from foxhunt_serve import (
 )
 from omegaconf import DictConfig
 
-from foxhunt.data.features import clock_of
 from foxhunt.data.horizon import Future, known_of
 from foxhunt.data.read import Series, load_table
 from foxhunt.data.schema import DataSchema, drop_features
-from foxhunt.data.serving import data_section
+from foxhunt.data.serving import trained_section
 from foxhunt.data.windows import WindowBuilder, WindowDataset, encoder_rows
 from foxhunt.errors import ConfigError
 
@@ -46,23 +46,25 @@ def build_windows(
     all_windows: bool,
     unseen: bool = False,
     replay: tuple[dict[str, int], int] | None = None,
+    clock: Clock | None = None,
 ) -> Windows:
     """Check `table` against the checkpoint's `schema` and cut its windows: each instrument's
     latest, or with `all_windows` every window with a full encoder history, or with `replay`
     those ACI replays after its stored state (`foxhunt_serve.Cut`; `unseen`: the model
-    forecasts names outside its vocabulary)."""
+    forecasts names outside its vocabulary). `clock`: the run's (none: the config's)."""
     if schema.groups and not cfg.group_column:
         raise ConfigError(
             f"the checkpoint was trained on instruments {', '.join(schema.groups)}: set "
             "data.group_column to the column that names them"
         )
-    read = data_section(cfg, schema)
+    section = trained_section(cfg, schema, clock)
+    read = section.as_dict()
     e, h = schema.encoder_length, schema.prediction_length
     if not all_windows:  # the rows those windows read, not the whole history
         table = recent_rows(table, read, e, h, replay)
     # a model trained across names reads up to the last complete time (foxhunt_serve)
     observed_rows, future = complete_rows(table, read, schema.groups, h)
-    loaded = load_table(observed_rows, cfg)
+    loaded = load_table(observed_rows, cfg, section)
     series: list[Series] = list(loaded.series)
     names = sorted({s.name for s in series} | set(future))
     # without the features the model was trained without (constant then)
@@ -74,9 +76,9 @@ def build_windows(
     )
     schema.check_matches(DataSchema.from_dict(found), unseen)
     usable = {s.name: len(s.target) for s in series}
-    short = check_history(usable, names, observed_rows, data_section(cfg), e)
+    short = check_history(usable, names, observed_rows, read, e)
     series = [s for s in series if s.name not in short]
-    return _cut(series, future, loaded, cfg, schema, keep, all_windows, replay)
+    return _cut(series, future, loaded, cfg, schema, keep, all_windows, replay, section.clock)
 
 
 def _cut(
@@ -87,12 +89,13 @@ def _cut(
     schema: DataSchema,
     keep: Any,
     all_windows: bool,
-    replay: tuple[dict[str, int], int] | None = None,
+    replay: tuple[dict[str, int], int] | None,
+    clock: Clock,
 ) -> Windows:
     """The windows of each series, normalized as the checkpoint's schema says."""
     e, h = schema.encoder_length, schema.prediction_length
     cut, builder = Cut(e, h, all_windows, replay), WindowBuilder(["predict"])
-    clock, sessions = clock_of(cfg), Sessions(schema.sessions)
+    sessions = Sessions(schema.sessions)
     known, given_known = known_of(cfg)
     for s in series:
         given = future.get(s.name)

@@ -46,7 +46,8 @@ def _hold(cal: Calibration, module: TFTModule, datamodule: Any, cfg: Any) -> Non
     schema, model = datamodule.schema, module.model.eval()
     try:
         unseen = forecasts_unseen(model, schema)
-        windows = build_windows(table, data_cfg, schema, False, unseen, replay=todo.replay)
+        clock = datamodule.section.clock  # the run's
+        windows = build_windows(table, data_cfg, schema, False, unseen, todo.replay, clock)
     except DataError as exc:  # known inputs of the user's without the rows after the data
         log.info("calibration: no windows after the test split held (%s)", str(exc)[:80])
         return
