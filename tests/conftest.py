@@ -56,9 +56,10 @@ LONGEST_S = {  # by test function (tests/evaluation/test_controls*.py, tests/tra
 }
 
 
-# the models built once a session and read by tests on both workers (tests/helpers.shared_dir):
-# the second worker waited for them, idle, when it reached a test of one first (8 s for `plain`)
-SHARED = {"plain", "tiny_run"}
+# the models built once a session and read by tests on both workers (tests/helpers.shared_dir),
+# each at the start of one worker's half, with its tests: a worker that reached a test of one
+# while the other built it sat idle (13 s for `plain`, when both halves held its tests)
+SHARED = ("plain", "tiny_run")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,15 +84,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def expected_s(item: pytest.Item) -> float:
         return LONGEST_S.get(getattr(item, "originalname", item.name), 0)
 
-    def shares(item: pytest.Item) -> bool:
-        return bool(SHARED & set(getattr(item, "fixturenames", ())))
+    def shared(item: pytest.Item) -> str | None:
+        """The first of the shared models `item` reads (none: it reads none)."""
+        return next((n for n in SHARED if n in getattr(item, "fixturenames", ())), None)
 
-    longest = sorted((i for i in items if expected_s(i)), key=expected_s, reverse=True)
-    rest = [i for i in items if not expected_s(i)]
-    first, second = longest[0::2], longest[1::2]
+    # each shared model and its tests open one worker's half, alternately; then the longest
+    opening: list[list[pytest.Item]] = [[], []]
+    for k, name in enumerate(SHARED):
+        opening[k % 2] += [i for i in items if shared(i) == name]
+    longest = sorted((i for i in items if expected_s(i) and not shared(i)), key=expected_s)[::-1]
+    rest = [i for i in items if not expected_s(i) and shared(i) is None]
+    first, second = opening[0] + longest[0::2], opening[1] + longest[1::2]
     fill = max(len(items) // 2 - len(first), 0)  # the first worker's half: first, then rest
-    # the first worker builds the shared models first; the second reaches them last, built
-    head, tail = rest[:fill], rest[fill:]
-    head = sorted(head, key=shares, reverse=True)
-    tail = sorted(tail, key=shares)
-    items[:] = first + head + second + tail
+    items[:] = first + rest[:fill] + second + rest[fill:]

@@ -55,6 +55,7 @@ def test_the_calibration_is_fitted_without_the_test_targets(tmp_path):
     assert coverage[0] != coverage[1]
 
 
+@pytest.mark.slow  # a training of its own: the full tier (#70)
 def test_a_run_reports_its_calibration_and_every_file_carries_it(tmp_path):
     summary = _run(tmp_path, "run", make_table({"AAA": 400, "BBB": 400}))
     cal = summary["calibration"]

@@ -94,7 +94,7 @@ def test_interpret_writes_importance_and_attention(tiny_run, tmp_path):
 
 def test_inspect_reports_the_panel_and_no_problem(tiny_run):
     data = tiny_overrides(tiny_run.data)[:6]  # the data keys alone
-    out, facts = _ok("inspect_data.py", *data, "+time_batches=false")
+    out, facts = _ok("inspect_data.py", *data, *TINY_MODEL, "+time_batches=false")
     assert facts["problems"] == [] and "problems: none" in out
 
 

@@ -236,6 +236,7 @@ def _same_forecasts(got: pa.Table, want: pa.Table) -> None:
 # --- the export ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_export_writes_the_model_and_its_description(plain):
     meta = json.loads((plain.export / JSON_FILE).read_text())
     assert meta["format"] == "foxhunt-onnx" and meta["foxhunt_version"]
@@ -461,6 +462,7 @@ def test_the_serving_package_alone_forecasts_as_predict_without_torch(futures, t
     _same_forecasts(pq.read_table(served), pq.read_table(tmp_path / "predict.parquet"))
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_a_name_listed_after_training_is_forecast_by_predict_and_the_consumer_alike(
     plain, tmp_path
 ):
@@ -490,6 +492,7 @@ def test_a_name_listed_after_training_is_forecast_by_predict_and_the_consumer_al
     assert not np.allclose(bbb["q0.5"].to_numpy(), ccc["q0.5"].to_numpy())  # not BBB's row
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_a_name_too_short_for_the_encoder_is_left_out_with_one_warning(plain, tmp_path, caplog):
     """AAA listed days ago (18 rows, 4 of them to forecast): predict and the consumer forecast
     BBB alike, each with one warning naming AAA, where they refused the whole file."""
@@ -508,6 +511,7 @@ def test_a_name_too_short_for_the_encoder_is_left_out_with_one_warning(plain, tm
     _same_forecasts(pq.read_table(tmp_path / "onnx.parquet"), want)
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_consumer_bad_input_is_one_line(plain, tmp_path):
     tail = pq.read_table(plain.data)
     renamed = tail.set_column(
@@ -537,6 +541,7 @@ def test_consumer_bad_input_is_one_line(plain, tmp_path):
     assert code == 2 and "is not the one model.json describes" in stderr
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_the_example_prints_each_instruments_latest_forecast(plain, capsys):
     """examples/onnx_predict.py: one line per instrument and step, its quantiles in order, the
     median foxhunt-serve's."""
@@ -550,6 +555,7 @@ def test_the_example_prints_each_instruments_latest_forecast(plain, capsys):
     np.testing.assert_array_equal(median, served.column("q0.5").to_numpy())
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_a_forecaster_keeps_its_session_open_across_tables(plain, tmp_path):
     """foxhunt_serve.Forecaster opens ONNX Runtime once; each table of bars it is given (a live
     loop's) gets the forecasts foxhunt-serve writes for that table's file."""
@@ -564,6 +570,7 @@ def test_a_forecaster_keeps_its_session_open_across_tables(plain, tmp_path):
         assert sorted(set(got["instrument"].to_pylist())) == ["AAA", "BBB"]
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_a_forecaster_runs_the_model_on_the_new_bar_s_windows_alone(plain, tmp_path):
     """In a live loop a call a bar later runs the model on the window that bar made, each
     name's; the others' outputs are kept from the call before (by what the model reads of
@@ -603,6 +610,7 @@ def test_a_forecaster_runs_the_model_on_the_new_bar_s_windows_alone(plain, tmp_p
 # --- bad input -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the shared export, 13 s to build: the full tier (#70)
 def test_export_errors_are_one_line(plain, tmp_path):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint")
@@ -855,10 +863,11 @@ def test_the_consumer_rolls_futures_as_foxhunt(port, es_sample, rule, adjust):
 @pytest.mark.parametrize(
     ("rule", "confirm", "adjust"),
     [
-        ("volume", 3, "ratio"),
-        ("volume", 400, "difference"),  # never confirmed: each front rolls at its expiry
-        ("days_before_expiry", 1, "ratio"),
-        ("fixed", 1, "none"),
+        ("volume", 3, "ratio"),  # the others in the full tier (#70)
+        # never confirmed: each front rolls at its expiry
+        pytest.param("volume", 400, "difference", marks=pytest.mark.slow),
+        pytest.param("days_before_expiry", 1, "ratio", marks=pytest.mark.slow),
+        pytest.param("fixed", 1, "none", marks=pytest.mark.slow),
     ],
 )
 def test_the_consumer_follows_the_roll_schedule_on_a_full_listing_cut_anywhere(

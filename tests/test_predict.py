@@ -44,6 +44,8 @@ E, H = 16, 4  # tiny_overrides' window
 TAIL = 30  # rows per instrument in the prediction file: 26 with a target, then H to forecast
 QUANTILES = ["q0.1", "q0.5", "q0.9"]
 
+SLOW = pytest.mark.slow  # a case the fast tier has a sibling of: the full tier (#70)
+
 
 def _last_rows(symbols: np.ndarray, k: int) -> np.ndarray:
     """Mask of each instrument's last k rows (rows grouped by instrument, in time order)."""
@@ -466,14 +468,15 @@ def test_the_float_export_forecasts_as_its_checkpoint(trained):
 @pytest.mark.parametrize(
     ("change", "extra", "message"),
     [
-        ("drop f2", [], "missing column(s) f2"),
-        ("add f3", ["data.features=all"], "extra in the data: f3"),
-        (
+        ("drop f2", [], "missing column(s) f2"),  # the others in the full tier (#70)
+        pytest.param("add f3", ["data.features=all"], "extra in the data: f3", marks=SLOW),
+        pytest.param(
             "keep 18 rows",
             [],
             "encoder of 16 rows, 2 of 2 instruments: AAA has 14 (of 14 in the data)",
+            marks=SLOW,
         ),
-        ("no future k1", [], "the forecast needs the known input(s) k1"),
+        pytest.param("no future k1", [], "the forecast needs the known input(s) k1", marks=SLOW),
     ],
 )
 def test_cli_data_errors_are_one_line(trained, tmp_path, change, extra, message):
@@ -531,6 +534,7 @@ def test_int8_export_predicts(trained):
         foxhunt.load(old)
 
 
+@pytest.mark.slow  # a training of its own: the full tier (#70)
 def test_a_changed_clock_is_refused_before_the_data_is_read(trained, tmp_path):
     """A model's clock (time zone, close) is part of it: predict and export refuse a
     data.calendar that moves it, in one line, before reading the data (a path that does not

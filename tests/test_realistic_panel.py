@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.compute as pc
+import pytest
 
 from benchmarks.realistic_panel import anomaly_ics, plant_anomalies
 from foxhunt.data.samples import stock_panel_table
 
 
+@pytest.mark.slow  # five 250-name panels: the full tier (#70)
 def test_each_anomaly_alone_ranks_the_next_bar_as_a_real_signal_and_plain_noise_nothing():
     plain = stock_panel_table(200, days=900, seed=5)
     planted = plant_anomalies(plain)

@@ -27,7 +27,7 @@ from foxhunt.app.report.scores import strategy_section as _strategy_section
 from foxhunt.app.train.phases import train
 from foxhunt.data.datamodule import ParquetDataModule
 from foxhunt.training.module import TFTModule
-from tests.helpers import ROOT, compose_train, make_table, tiny_overrides, write_table
+from tests.helpers import ROOT, TINY_MODEL, compose_train, make_table, tiny_overrides, write_table
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One tiny model trained for an epoch, reloaded from its best checkpoint alone."""
     tmp = tmp_path_factory.mktemp("report")
     table = write_table(tmp / "bars.parquet", make_table({"AAA": 300, "BBB": 200}))
-    cfg = compose_train(*tiny_overrides(table, "trainer.max_epochs=1", "report=true"))
+    cfg = compose_train(*tiny_overrides(table, "trainer.max_epochs=1", "report=true"), *TINY_MODEL)
     run_dir = tmp / "run"
     summary = train(cfg, run_dir)
     assert (run_dir / "report.md").stat().st_size > 0  # training wrote it

@@ -19,6 +19,9 @@ from tests.helpers import needs
 pytest.importorskip("onnxruntime")
 needs("onnxscript")
 
+# every test reads test_export's shared export (13 s to build): the full tier (#70)
+pytestmark = pytest.mark.slow
+
 from foxhunt_serve import files, forecast  # noqa: E402
 from foxhunt_serve.errors import InputError  # noqa: E402
 

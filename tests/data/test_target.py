@@ -157,6 +157,7 @@ def _inspected(path: Path, *overrides: str) -> tuple[int, list[str]]:
     return code, json.loads(out.strip().splitlines()[-1])["problems"]
 
 
+@pytest.mark.slow  # two inspects and a set-up, 5 s: the full tier (#70)
 def test_returns_as_a_level_are_said_once_before_training_and_by_inspect(tmp_path):
     path = bars(tmp_path, returns())
     said = _warned_at_start(tmp_path, path, "data.target_kind=level")

@@ -143,6 +143,7 @@ def test_the_model_is_scored_beside_the_baselines_per_instrument(tmp_path):
     assert loss == pytest.approx(out[best]["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # three LightGBM fits, 3 s: the full tier (#70)
 def test_no_baseline_sees_a_row_after_the_training_period(tmp_path):
     # two panels equal up to the validation cut (70% of the bars) and different after it: every
     # baseline fit on each forecasts the same; refit on the test windows, they would not

@@ -60,6 +60,7 @@ def test_selection_stats_are_dsr_and_pbo_on_the_bars_every_trial_traded():
     assert found["naive_best_trial"] == int(np.argmax(per_period))
 
 
+@pytest.mark.slow  # 1.3 s: the full tier (#70)
 def test_selection_stats_need_two_trials_with_returns_and_the_winner_among_them():
     rng = np.random.default_rng(2)
     bars = np.arange(50, dtype=np.int64)

@@ -216,6 +216,7 @@ def test_off_holds_in_its_own_thread_only():
 
 
 @needs_kernels
+@pytest.mark.slow  # torch.compile, 2 s: the full tier (#70); opcheck checks the ops here
 @pytest.mark.parametrize("dh", [16, 48], ids=["row", "chunks"])
 def test_torch_compile_keeps_the_ops_in_its_graphs_with_the_same_masks(dh):
     """Compiled (one graph: fullgraph), the fused selection, GateAddNorm and dropout run as the

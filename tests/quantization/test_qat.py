@@ -159,6 +159,7 @@ def test_int8_resume_matches_an_uninterrupted_run(tmp_path, table_path):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.slow  # a training of its own: the full tier (#70)
 def test_bf16_trains_on_cpu(tmp_path, table_path):
     summary = train(tiny(table_path, "precision=bf16", "trainer.max_epochs=1"), tmp_path / "run")
     assert summary["metrics"]["test_loss"] > 0

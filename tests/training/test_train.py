@@ -75,6 +75,7 @@ def test_train_two_epochs_then_restore_from_checkpoint_alone(tmp_path, table_pat
     )
 
 
+@pytest.mark.slow  # two trainings: the full tier (#70)
 def test_resume_continues_from_last_checkpoint(tmp_path, table_path):
     first = train(
         compose_train(*tiny_overrides(table_path, "trainer.max_epochs=1")), tmp_path / "a"

@@ -78,6 +78,7 @@ def test_without_the_embedding_the_model_has_no_id_input():
     assert instrument_rows(saved_before["model"], schema, 0) == 3
 
 
+@pytest.mark.slow  # a training of its own: the full tier (#70)
 def test_a_model_without_the_embedding_forecasts_a_name_listed_after_training(tmp_path):
     """Trained on AAA and BBB with model.instrument_embedding=false, it forecasts BBB's bars
     renamed CCC, and AAA as before."""
