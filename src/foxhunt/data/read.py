@@ -160,7 +160,7 @@ def from_table(plan: ColumnPlan, table: pa.Table, problems: list[str] | None = N
         raise DataError(f"{cfg.path} has no rows")
 
     rolls = []
-    if futures_enabled(cfg):  # one continuous series per root (foxhunt.data.futures)
+    if plan.section.futures is not None:  # one continuous series per root (data.futures)
         table, rolls = continuous_table(table, plan.section)
     time_ns = plan.section.time_ns(table)
     codes, names = group_codes(table, cfg.group_column)

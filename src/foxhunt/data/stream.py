@@ -35,7 +35,7 @@ from foxhunt.data.read import (
     root_column,
     root_of,
 )
-from foxhunt.data.section import DataSection, futures_enabled
+from foxhunt.data.section import DataSection
 from foxhunt.data.source import one_line, open_dataset
 from foxhunt.errors import DataError
 
@@ -250,7 +250,7 @@ def stream(cfg: Any, scratch: Path, section: DataSection) -> Loaded:
     dataset = open_dataset(cfg.path)
     plan = column_plan(dataset, cfg, section)
     check_files(dataset, cfg, plan.values)
-    if futures_enabled(cfg):
+    if plan.section.futures is not None:
         return _stream_roots(dataset, plan, scratch)
     layout = _layout(dataset, cfg.group_column)
     if not layout.parts:
